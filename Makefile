@@ -1,0 +1,53 @@
+# UAII developer commands. `make help` lists them.
+SHELL := /bin/bash
+export UV_PYTHON_DOWNLOADS := never
+export UV_PYTHON_PREFERENCE := only-system
+UV ?= uv
+PY := $(UV) run --no-sync python
+PACKAGES := ir runtime kernels backends loaders tokenizers planner storage capi
+PYTEST_FLAGS ?= -q
+
+.PHONY: help setup test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels clean \
+        $(addprefix test-,$(PACKAGES))
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+setup: ## create .venv with every workspace package (editable) and the dev tools
+	$(UV) sync --all-packages
+
+test: setup lint gen-check pytest isolation-ir ## everything CI checks: lint, types, generated code, all tests, uaii-ir alone
+
+lint: setup ## ruff + mypy over every package
+	$(UV) run --no-sync ruff check packages tests bench
+	$(UV) run --no-sync mypy
+
+pytest: setup ## pytest over all packages (fails when no test ran)
+	$(PY) -m pytest $(PYTEST_FLAGS) tests
+
+test-%: setup ## tests of one package, e.g. make test-ir
+	$(PY) -m pytest $(PYTEST_FLAGS) tests/$*
+
+isolation-ir: ## uaii-ir's tests in a venv holding uaii-ir alone (no sibling installed)
+	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) sync --package uaii-ir --no-default-groups --group test-ir
+	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) run --no-sync python scripts/check_isolated.py uaii-ir
+	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) run --no-sync python -m pytest $(PYTEST_FLAGS) -p no:cacheprovider tests/ir
+
+gen: setup ## regenerate generated code (FlatBuffers Python from schemas/uaii_ir.fbs)
+	$(PY) scripts/gen.py
+
+gen-check: setup ## fail when generated code is stale
+	$(PY) scripts/gen.py --check
+
+wheels: setup ## build a wheel and an sdist of every distribution into dist/, each on its own
+	rm -rf dist
+	for p in $(PACKAGES); do $(UV) build --package uaii-$$p --out-dir dist || exit 1; done
+	ls -l dist
+
+bench-kernels: setup ## GEMV/GEMM throughput per weight type against numpy and the memory bandwidth
+	$(PY) bench/bench_kernels.py
+
+bench: bench-kernels ## all benchmarks
+
+clean: ## remove build outputs and the venvs
+	rm -rf dist build .venv .venv-ir

@@ -1,0 +1,6 @@
+"""uaii.capi — see packages/uaii-capi/README.md. Its public API grows here as the package is implemented."""
+
+from importlib.metadata import version as _version
+
+__version__ = _version("uaii-capi")
+__all__ = ["__version__"]

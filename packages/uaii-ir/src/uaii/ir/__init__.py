@@ -1,0 +1,42 @@
+"""uaii.ir — the UAII intermediate representation.
+
+Public API: element types (:class:`DType`), the immutable graph types (:class:`Tensor`, :class:`Node`,
+:class:`Graph`), weight references, errors. Further modules (registry, validator, serialization, plan) export
+their public names here as they land.
+"""
+
+from importlib.metadata import version as _version
+
+from uaii.ir.dtype import (
+    FLOAT_TYPES,
+    INTEGER_TYPES,
+    PLAIN_TYPES,
+    QUANTIZED_TYPES,
+    Dim,
+    DType,
+    is_symbolic,
+    num_elements,
+    tensor_nbytes,
+)
+from uaii.ir.errors import FormatError, GraphError, UaiiError, UnsupportedDType, WeightRefError
+from uaii.ir.graph import (
+    IR_VERSION,
+    Attribute,
+    AttrType,
+    Graph,
+    Node,
+    StorageHint,
+    Tensor,
+    attr,
+    make_graph,
+)
+from uaii.ir.weightref import WeightRef
+
+__version__ = _version("uaii-ir")
+
+__all__ = [
+    "FLOAT_TYPES", "INTEGER_TYPES", "IR_VERSION", "PLAIN_TYPES", "QUANTIZED_TYPES",
+    "AttrType", "Attribute", "DType", "Dim", "FormatError", "Graph", "GraphError", "Node", "StorageHint",
+    "Tensor", "UaiiError", "UnsupportedDType", "WeightRef", "WeightRefError",
+    "__version__", "attr", "is_symbolic", "make_graph", "num_elements", "tensor_nbytes",
+]

@@ -1,0 +1,6 @@
+"""uaii.loaders — see packages/uaii-loaders/README.md. Its public API grows here as the package is implemented."""
+
+from importlib.metadata import version as _version
+
+__version__ = _version("uaii-loaders")
+__all__ = ["__version__"]

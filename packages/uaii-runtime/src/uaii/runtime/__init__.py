@@ -1,0 +1,6 @@
+"""uaii.runtime — see packages/uaii-runtime/README.md. Its public API grows here as the package is implemented."""
+
+from importlib.metadata import version as _version
+
+__version__ = _version("uaii-runtime")
+__all__ = ["__version__"]

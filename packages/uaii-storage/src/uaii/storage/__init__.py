@@ -1,0 +1,6 @@
+"""uaii.storage — see packages/uaii-storage/README.md. Its public API grows here as the package is implemented."""
+
+from importlib.metadata import version as _version
+
+__version__ = _version("uaii-storage")
+__all__ = ["__version__"]
