@@ -13,8 +13,8 @@ PYTEST_FLAGS ?= -q
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-setup: ## create .venv with every workspace package (editable) and the dev tools
-	$(UV) sync --all-packages
+setup: ## create .venv with every workspace package (editable), the dev tools and the test references (torch, transformers)
+	$(UV) sync --all-packages --group reference
 
 test: setup lint gen-check pytest isolation-ir ## everything CI checks: lint, types, generated code, all tests, uaii-ir alone
 

@@ -22,9 +22,9 @@ from uaii.ir import (
     attr,
     tensor_nbytes,
 )
+from uaii.ir.errors import FormatError
 from uaii.ir.graph import AttrType
 from uaii.ir.plan import ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePlan, WeightPlacement
-from uaii.ir.errors import FormatError
 
 # ggml.h / gguf-py GGML_QUANT_SIZES, written out so that this test needs no gguf package (isolation check).
 GGML_SIZES = {

@@ -30,6 +30,10 @@ from uaii.ir.graph import (
     attr,
     make_graph,
 )
+from uaii.ir.ops import Cost, InferCtx, InferError, Op, OpKind, OpSchema, Param, TensorType
+from uaii.ir.registry import PluginError, Registry, UnknownOpError, get_schema, register, render_markdown
+from uaii.ir.serialize import dumps_json, from_bytes, load, loads_json, save, to_bytes
+from uaii.ir.validator import Diagnostic, ValidationError, check, validate
 from uaii.ir.weightref import WeightRef
 
 __version__ = _version("uaii-ir")
@@ -39,4 +43,10 @@ __all__ = [
     "AttrType", "Attribute", "DType", "Dim", "FormatError", "Graph", "GraphError", "Node", "StorageHint",
     "Tensor", "UaiiError", "UnsupportedDType", "WeightRef", "WeightRefError",
     "__version__", "attr", "is_symbolic", "make_graph", "num_elements", "tensor_nbytes",
+]
+__all__ += ["dumps_json", "from_bytes", "load", "loads_json", "save", "to_bytes"]  # serialization
+__all__ += [  # op registry and validator
+    "Cost", "Diagnostic", "InferCtx", "InferError", "Op", "OpKind", "OpSchema", "Param", "PluginError",
+    "Registry", "TensorType", "UnknownOpError", "ValidationError", "check", "get_schema", "register",
+    "render_markdown", "validate",
 ]

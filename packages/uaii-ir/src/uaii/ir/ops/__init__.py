@@ -1,0 +1,69 @@
+"""Built-in op schemas of UAII, one module per family, plus the schema types that plugins use too.
+
+Built-ins reach the registry through :func:`register`, the same call a plugin's ``uaii.ops`` entry point
+makes, so a plugin op is never second-class.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from uaii.ir.ops import attention, elementwise, index, linalg, moe, movement, norm, reduce
+from uaii.ir.ops.opset import (
+    ATTENTION,
+    BINARY,
+    CPP_RUNTIME_OPS,
+    ELEMENTWISE,
+    GLU,
+    GROUPS,
+    INDEX,
+    LINALG,
+    MOE,
+    MOVEMENT,
+    NORM,
+    REDUCE,
+    UNARY,
+    Op,
+)
+from uaii.ir.ops.schema import (
+    ANY_TYPE,
+    FLOATS,
+    INDEX_TYPES,
+    NUMERIC,
+    WEIGHT_TYPES,
+    AttrSpec,
+    Cost,
+    InferCtx,
+    InferError,
+    OpKind,
+    OpSchema,
+    Param,
+    TensorType,
+    bool_attr,
+    float_attr,
+    int_attr,
+    ints_attr,
+    str_attr,
+)
+
+if TYPE_CHECKING:
+    from uaii.ir.registry import Registry
+
+BUILTIN_SCHEMAS: tuple[OpSchema, ...] = (
+    *elementwise.SCHEMAS, *linalg.SCHEMAS, *norm.SCHEMAS, *reduce.SCHEMAS, *movement.SCHEMAS, *index.SCHEMAS,
+    *attention.SCHEMAS, *moe.SCHEMAS,
+)
+
+
+def register(registry: Registry) -> None:
+    """Register every built-in schema: the ``uaii.ops`` entry point of uaii-ir itself."""
+    for schema in BUILTIN_SCHEMAS:
+        registry.register(schema)
+
+
+__all__ = [
+    "ANY_TYPE", "ATTENTION", "BINARY", "BUILTIN_SCHEMAS", "CPP_RUNTIME_OPS", "ELEMENTWISE", "FLOATS", "GLU",
+    "GROUPS", "INDEX", "INDEX_TYPES", "LINALG", "MOE", "MOVEMENT", "NORM", "NUMERIC", "REDUCE", "UNARY",
+    "WEIGHT_TYPES", "AttrSpec", "Cost", "InferCtx", "InferError", "Op", "OpKind", "OpSchema", "Param",
+    "TensorType", "bool_attr", "float_attr", "int_attr", "ints_attr", "register", "str_attr",
+]

@@ -1,0 +1,48 @@
+"""Reductions: TopK and ArgMax."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from uaii.ir.dtype import DType
+from uaii.ir.ops.opset import Op
+from uaii.ir.ops.schema import NUMERIC, Cost, InferCtx, OpKind, OpSchema, Param, bool_attr, int_attr
+from uaii.ir.shapes import Shape
+
+I64 = frozenset({DType.I64})
+
+
+def topk_shape(ctx: InferCtx) -> Sequence[Shape | None]:
+    x = ctx.rank(0, 1)
+    axis = ctx.axis(int(ctx.attr("axis")), len(x))
+    k, dim = int(ctx.attr("k")), x[axis]
+    if isinstance(dim, int) and k > dim:
+        ctx.fail(f"k = {k} exceeds the size {dim} of axis {axis}")
+    out = (*x[:axis], k, *x[axis + 1:])
+    return [out, out][: ctx.n_outputs]
+
+
+TOPK = OpSchema(
+    Op.TOPK, 1,
+    "The k largest (or smallest) values along `axis`, sorted, with their indices; ties keep the lower index.",
+    inputs=(Param("X", "T", "input"),),
+    outputs=(Param("values", "T", "X's shape with k on axis"), Param("indices", I64, "positions in X")),
+    attrs=(int_attr("k", None, "how many; >= 1", required=True, min=1),
+           int_attr("axis", -1, "the searched axis"), bool_attr("largest", True, "largest (else smallest)")),
+    types={"T": NUMERIC}, infer=topk_shape, kind=OpKind.REDUCE, cost=Cost.MEDIUM)
+
+
+def argmax_shape(ctx: InferCtx) -> Sequence[Shape | None]:
+    x = ctx.rank(0, 1)
+    axis = ctx.axis(int(ctx.attr("axis")), len(x))
+    return [(*x[:axis], 1, *x[axis + 1:]) if ctx.attr("keepdims") else (*x[:axis], *x[axis + 1:])]
+
+
+ARGMAX = OpSchema(
+    Op.ARGMAX, 1, "Index of the largest value along `axis` (the first on ties), i64.",
+    inputs=(Param("X", "T", "input"),), outputs=(Param("Y", I64, "indices"),),
+    attrs=(int_attr("axis", -1, "the reduced axis (default last, unlike ONNX)"),
+           bool_attr("keepdims", True, "keep the reduced axis with size 1")),
+    types={"T": NUMERIC}, infer=argmax_shape, kind=OpKind.REDUCE, cost=Cost.MEDIUM)
+
+SCHEMAS = (TOPK, ARGMAX)
