@@ -1,0 +1,71 @@
+"""BERT encoder: word + position + token-type embeddings, post-norm layers, bidirectional attention.
+
+Inputs ``tokens``, ``positions`` and ``token_types`` (i64 ``[seq]``); outputs ``hidden_states`` (the token
+embeddings, ``[seq, d_model]``) and ``pooled`` (``[1, d_model]``): ``tanh(dense(h[0]))`` with HF's pooler, the
+first token's state (cls pooling) when the checkpoint has no pooler (GGUF). No KV cache: an encoder sees the
+whole sequence at once.
+"""
+
+from __future__ import annotations
+
+from uaii.ir import DType, Graph
+from uaii.ir.ops import Op
+
+from ..config import ModelConfig
+from ..errors import LoaderError
+from ..weights import WeightSet
+from .builder import SEQ, GraphBuilder, require_weights
+from .gpt2 import embed_sum
+
+
+class Bert:
+    arch = "bert"
+
+    def __init__(self, cfg: ModelConfig, ws: WeightSet) -> None:
+        self.cfg, self.ws, self.b = cfg, ws, GraphBuilder(cfg, ws)
+
+    def build(self, name: str) -> Graph:
+        cfg, b = self.cfg, self.b
+        require_weights(self.ws, ["token_embd.weight", "position_embd.weight", "token_embd_norm.weight"],
+                        self.arch)
+        parts = [(b.input("tokens", DType.I64, (SEQ,)), "token_embd.weight", "embd"),
+                 (b.input("positions", DType.I64, (SEQ,)), "position_embd.weight", "pos_embd")]
+        if b.has("token_types.weight"):
+            parts.append((b.input("token_types", DType.I64, (SEQ,)), "token_types.weight", "type_embd"))
+        x = b.layer_norm(embed_sum(b, parts, cfg.d_model), "token_embd_norm", "embd_norm")
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}"
+            q, k, v = (b.heads(b.linear(x, f"{p}.attn_{n}.weight", f"{p}.{n}", f"{p}.attn_{n}.bias"),
+                               cfg.n_heads, f"{p}.{n}.heads") for n in "qkv")
+            a = b.attention(q, k, v, i, f"{p}.attn", cache=False, causal=False)
+            a = b.linear(b.merge_heads(a, f"{p}.attn.merged"), f"{p}.attn_output.weight", f"{p}.attn_out",
+                         f"{p}.attn_output.bias")
+            x = b.add(x, a, f"{p}.attn_residual")
+            x = b.layer_norm(x, f"{p}.attn_output_norm", f"{p}.attn_output_norm")
+            h = b.linear(x, f"{p}.ffn_up.weight", f"{p}.ffn_up", f"{p}.ffn_up.bias")
+            h = b.op(Op.GELU, [h], f"{p}.ffn_act", b.shape_of(h),
+                     approximate="tanh" if cfg.activation == "gelu_tanh" else "none")
+            h = b.linear(h, f"{p}.ffn_down.weight", f"{p}.ffn_down", f"{p}.ffn_down.bias")
+            x = b.add(x, h, f"{p}.ffn_residual")
+            x = b.layer_norm(x, f"{p}.layer_output_norm", f"{p}.layer_output_norm")
+
+        hidden = b.op(Op.IDENTITY, [x], "hidden_states", b.shape_of(x))
+        b.output(hidden)
+        b.output(self.pool(hidden))
+        return b.graph(name, {**cfg.to_metadata(), "model.name": name, "model.architecture": self.arch})
+
+    def pool(self, hidden: str) -> str:
+        b, d = self.b, self.cfg.d_model
+        if not b.has("pooler.weight") and self.cfg.pooling != "cls":
+            raise LoaderError(f"{self.ws.where}: {self.cfg.pooling!r} pooling needs a mean over the "
+                              "sequence, which "
+                              "the op set cannot express yet; only cls pooling is supported")
+        first = b.op(Op.SLICE, [hidden], "cls" if b.has("pooler.weight") else "pooled", (1, d), starts=(0,),
+                     ends=(1,), axes=(0,))
+        if not b.has("pooler.weight"):
+            return first
+        y = b.linear(first, "pooler.weight", "pooler", "pooler.bias")
+        return b.op(Op.TANH, [y], "pooled", (1, d))
+
+
+__all__ = ["Bert"]

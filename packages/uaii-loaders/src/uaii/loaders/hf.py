@@ -1,0 +1,111 @@
+"""Hugging Face model directories: config.json, safetensors weights (single or sharded), tokenizer files.
+
+Tokenization is uaii-tokenizers' job; this module only records where the tokenizer files are, so that the
+runtime can hand them over. PyTorch pickle checkpoints (``pytorch_model.bin``) are never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uaii.ir import FormatError
+
+from .errors import LoaderError
+from .safetensors import INDEX_NAME, MAX_HEADER_BYTES, SafetensorsModel, open_safetensors
+
+TOKENIZER_FILES = {
+    "tokenizer.json": "tokenizer_json",
+    "tokenizer.model": "sentencepiece",
+    "tokenizer_config.json": "tokenizer_config",
+    "special_tokens_map.json": "special_tokens_map",
+    "generation_config.json": "generation_config",
+    "chat_template.jinja": "chat_template",
+    "chat_template.json": "chat_template_json",
+    "vocab.json": "vocab",
+    "merges.txt": "merges",
+    "vocab.txt": "vocab_txt",
+    "added_tokens.json": "added_tokens",
+}
+"""File name → role in :attr:`HFDirectory.tokenizer_files`."""
+
+
+@dataclass
+class HFDirectory:
+    """A model directory as found on disk."""
+
+    path: Path
+    config: dict[str, Any]
+    weights: SafetensorsModel
+    tokenizer_files: dict[str, Path] = field(default_factory=dict)
+    chat_template: str | None = None
+    generation_config: dict[str, Any] = field(default_factory=dict)
+
+
+def read_json(path: Path, component: str = "hf") -> Any:
+    """A small JSON document; errors name the file."""
+    try:
+        if path.stat().st_size > MAX_HEADER_BYTES:
+            raise FormatError(f"{path.name} is larger than {MAX_HEADER_BYTES} bytes", path=str(path),
+                              offset=0, component=component)
+        return json.loads(path.read_text("utf-8"))
+    except OSError as exc:
+        raise FormatError(f"cannot read: {exc.strerror or exc}", path=str(path),
+                          component=component) from None
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"not valid JSON: {str(exc)[:200]}", path=str(path), component=component) from None
+
+
+def is_hf_directory(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
+def _chat_template(files: dict[str, Path]) -> str | None:
+    if "chat_template" in files:
+        return files["chat_template"].read_text("utf-8")
+    for key in ("chat_template_json", "tokenizer_config"):
+        if key in files:
+            doc = read_json(files[key])
+            tpl = doc.get("chat_template") if isinstance(doc, dict) else None
+            if isinstance(tpl, str):
+                return tpl
+            if isinstance(tpl, list):  # named templates: prefer "default"
+                named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+                found = named.get("default") or next(iter(named.values()), None)
+                if isinstance(found, str):
+                    return found
+    return None
+
+
+def _weights(path: Path) -> SafetensorsModel:
+    if (path / INDEX_NAME).is_file() or any(path.glob("*.safetensors")):
+        return open_safetensors(path)
+    if (path / "pytorch_model.bin").exists() or (path / "pytorch_model.bin.index.json").exists():
+        raise LoaderError(f"{path}: only PyTorch pickle weights (pytorch_model.bin) found; UAII does not "
+                          "unpickle "
+                          "checkpoints — re-save them with save_pretrained(safe_serialization=True)")
+    raise LoaderError(f"{path}: no weights found (expected model.safetensors or {INDEX_NAME})")
+
+
+def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
+    """Read a model directory: config, weights (headers only) and the tokenizer files present."""
+    p = Path(path).resolve()
+    if not p.is_dir():
+        raise LoaderError(f"{p} is not a directory")
+    cfg_path = p / "config.json"
+    if not cfg_path.is_file():
+        raise LoaderError(f"{p}: no config.json; not a Hugging Face model directory")
+    config = read_json(cfg_path)
+    if not isinstance(config, dict):
+        raise FormatError("config.json must hold a JSON object", path=str(cfg_path), offset=0, component="hf")
+    files = {role: p / name for name, role in TOKENIZER_FILES.items() if (p / name).is_file()}
+    gen = read_json(files["generation_config"]) if "generation_config" in files else {}
+    return HFDirectory(p, config, _weights(p), files, _chat_template(files),
+                       gen if isinstance(gen, dict) else {})
+
+
+
+__all__ = ["TOKENIZER_FILES", "HFDirectory", "is_hf_directory", "open_hf_directory", "read_json"]

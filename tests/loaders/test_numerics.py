@@ -1,0 +1,131 @@
+"""The graphs compute what transformers computes.
+
+A small interpreter runs each tiny model's graph with uaii-ir's NumPy reference ops (weights read through the
+weight index) and compares the logits with the transformers model that wrote the checkpoint. Both the HF
+directory and its f32 GGUF conversion are checked, so the conventions that differ between the two namings
+(llama's permuted Q/K with adjacent-pair RoPE, gemma's 1 + w norms, GPT-2's transposed Conv1D weights, MoE banks)
+are checked by value, not only by shape.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import loader_helpers as H
+import numpy as np
+import pytest
+
+from uaii.ir import Graph
+from uaii.loaders import LoadedModel, load_model
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+_MODULES = ("attention", "elementwise", "index", "linalg", "moe", "movement", "norm", "reduce")
+TOKENS = np.array([3, 17, 5, 9, 22, 40, 1, 8, 63, 30, 12, 7], dtype=np.int64)
+
+
+def _refs() -> dict[str, Any]:
+    refs: dict[str, Any] = {}
+    for mod in _MODULES:
+        try:
+            refs.update(importlib.import_module(f"uaii.ir.reference.{mod}").REFS)
+        except ImportError:
+            pytest.skip("uaii-ir's reference ops are not available")
+    return refs
+
+
+def _weight(m: LoadedModel, t: Any) -> np.ndarray:
+    key = str(t.weight)
+    if key in m.weights.virtual_banks:
+        return np.stack([m.weights.read_numpy(t.weight.with_expert(e)) for e in range(t.shape[0])])
+    return m.weights.read_numpy(t.weight).reshape(t.shape)
+
+
+def run_graph(m: LoadedModel, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Evaluate every node in order (builders emit them topologically)."""
+    refs = _refs()
+    g: Graph = m.graph
+    env: dict[str, Any] = dict(feeds)
+    for t in g.tensors:
+        if t.weight is not None:
+            env[t.name] = _weight(m, t)
+        elif t.data is not None:
+            env[t.name] = t.numpy()
+    for node in g.nodes:
+        kwargs = {k: a.value for k, a in node.attributes}
+        if node.op == "Split":
+            kwargs["num_outputs"] = len(node.outputs)
+        out = refs[node.op](*(env[i] if i else None for i in node.inputs), **kwargs)
+        for name, value in zip(node.outputs, out if isinstance(out, (tuple, list)) else (out,), strict=False):
+            env[name] = value
+    return {name: env[name] for name in g.outputs}
+
+
+def _feeds(m: LoadedModel) -> dict[str, np.ndarray]:
+    feeds = {"tokens": TOKENS, "positions": np.arange(len(TOKENS), dtype=np.int64),
+             "token_types": np.zeros(len(TOKENS), dtype=np.int64)}
+    for name in m.graph.inputs:
+        if name.startswith("past_"):
+            t = m.graph.tensor(name)
+            feeds[name] = np.zeros((0, *t.shape[1:]), dtype=np.float32)
+    return {k: v for k, v in feeds.items() if k in m.graph.inputs}
+
+
+def _transformers_outputs(arch: str, hf_dir: Path) -> dict[str, np.ndarray]:
+    import transformers
+
+    _, model_name, _ = H.TINY[arch]
+    model = getattr(transformers, model_name).from_pretrained(hf_dir, attn_implementation="eager").eval()
+    ids = torch.from_numpy(TOKENS)[None]
+    with torch.no_grad():
+        if arch == "bert":
+            out = model(ids, token_type_ids=torch.zeros_like(ids))
+            return {"hidden_states": out.last_hidden_state[0].numpy(), "pooled": out.pooler_output.numpy()}
+        return {"logits": model(ids).logits[0].numpy()}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("numerics")
+    out: dict[str, Path] = {}
+    for arch in H.TINY:
+        out[arch] = H.save_tiny(arch, root / arch)
+        out[f"{arch}.gguf"] = H.hf_to_gguf(out[arch], root / f"{arch}.gguf", arch, "f32")[0]
+    return out
+
+
+def test_phi3_longrope_matches_transformers(tmp_path: Path) -> None:
+    """Past the original context, transformers switches to the long factors and scales cos/sin."""
+    import json
+
+    d = H.save_tiny("phi3", tmp_path / "phi3")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(max_position_embeddings=512, original_max_position_embeddings=8,
+               rope_scaling={"type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 4.0]})
+    (d / "config.json").write_text(json.dumps(cfg))
+    want = _transformers_outputs("phi3", d)["logits"]
+    gguf_path = H.hf_to_gguf(d, tmp_path / "phi3.gguf", "phi3", "f32")[0]
+    for m in (load_model(d), load_model(gguf_path)):
+        np.testing.assert_allclose(run_graph(m, _feeds(m))["logits"], want, rtol=1e-5, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("arch", sorted(H.TINY))
+
+def test_graph_matches_transformers(converted: dict[str, Path], arch: str) -> None:
+    want = _transformers_outputs(arch, converted[arch])
+    for key in (arch, f"{arch}.gguf"):
+        m = load_model(converted[key])
+        got = run_graph(m, _feeds(m))
+        for name, ref in want.items():
+            if arch == "bert" and name == "pooled" and key.endswith(".gguf"):
+                continue  # llama.cpp drops BERT's pooler; the GGUF graph pools by the first token
+            assert got[name].shape == ref.shape, (key, name)
+            np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5, err_msg=f"{key}: {name}")
+        # the caches hold the new keys and values
+        if "present_k.0" in got:
+            assert got["present_k.0"].shape == (len(TOKENS), m.config.n_kv_heads, m.config.head_dim)
