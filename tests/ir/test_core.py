@@ -28,7 +28,7 @@ from uaii.ir.plan import ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePl
 
 # ggml.h / gguf-py GGML_QUANT_SIZES, written out so that this test needs no gguf package (isolation check).
 GGML_SIZES = {
-    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),
     10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
     16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
     23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
@@ -46,6 +46,8 @@ def test_dtype_layout_matches_ggml(type_id: int) -> None:
 def test_dtype_layout_matches_gguf_package_when_present() -> None:
     gguf = pytest.importorskip("gguf")
     for t, (bs, ts) in gguf.constants.GGML_QUANT_SIZES.items():
+        if t.name == "Q8_1":
+            continue  # gguf-py lists 40 bytes; ggml.c's sizeof(block_q8_1) is 36 (ours). Never stored in files.
         d = DType.from_gguf_id(int(t))
         assert (d.block_size, d.type_size) == (bs, ts), t
 

@@ -166,7 +166,8 @@ _LAYOUT: dict[DType, _Layout] = {
     DType.Q5_0: _Layout(32, 2 + 4 + 16, 6, None),
     DType.Q5_1: _Layout(32, 2 + 2 + 4 + 16, 7, None),
     DType.Q8_0: _Layout(32, 2 + 32, 8, None),
-    DType.Q8_1: _Layout(32, 4 + 4 + 32, 9, None),
+    # ggml's block_q8_1 is {half d; half s; int8 qs[32]} = 36 bytes; gguf-py's table says 40 (never stored in files).
+    DType.Q8_1: _Layout(32, 2 + 2 + 32, 9, None),
     DType.Q2_K: _Layout(QK_K, 2 + 2 + QK_K // 16 + QK_K // 4, 10, None),
     DType.Q3_K: _Layout(QK_K, 2 + QK_K // 4 + QK_K // 8 + 12, 11, None),
     DType.Q4_K: _Layout(QK_K, 2 + 2 + QK_K // 2 + 12, 12, None),
