@@ -83,6 +83,7 @@ class StoragePlan:
     prefetch_order: tuple[str, ...] = ()
     expert_cache_bytes: int = 0
     kv_cache_bytes: int = 0
+    streamed_bytes_per_token: int = 0  # bytes read from disk per decoded token (MoE: top_k experts; gathers: rows)
 
     @property
     def pinned_bytes(self) -> int:
@@ -157,7 +158,8 @@ class ExecutionPlan:
                 staging_buffers=tuple(_int(x) for x in storage["staging_buffers"]),
                 prefetch_order=_strs(storage["prefetch_order"]),
                 expert_cache_bytes=_int(storage["expert_cache_bytes"]),
-                kv_cache_bytes=_int(storage["kv_cache_bytes"])),
+                kv_cache_bytes=_int(storage["kv_cache_bytes"]),
+                streamed_bytes_per_token=_int(storage.get("streamed_bytes_per_token", 0))),
             metadata=tuple((_str(k), _str(v)) for k, v in d["metadata"]),
         )
 

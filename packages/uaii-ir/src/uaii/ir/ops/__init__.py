@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from uaii.ir.ops import attention, elementwise, index, linalg, moe, movement, norm, reduce
+from uaii.ir.ops import attention, elementwise, fused, index, linalg, moe, movement, norm, reduce
 from uaii.ir.ops.opset import (
     ATTENTION,
     BINARY,
@@ -53,16 +53,19 @@ BUILTIN_SCHEMAS: tuple[OpSchema, ...] = (
     *elementwise.SCHEMAS, *linalg.SCHEMAS, *norm.SCHEMAS, *reduce.SCHEMAS, *movement.SCHEMAS, *index.SCHEMAS,
     *attention.SCHEMAS, *moe.SCHEMAS,
 )
+FUSED_SCHEMAS: tuple[OpSchema, ...] = fused.SCHEMAS
+"""Ops the planner's fusion passes produce (not members of ``Op``); registered with the built-ins."""
 
 
 def register(registry: Registry) -> None:
     """Register every built-in schema: the ``uaii.ops`` entry point of uaii-ir itself."""
-    for schema in BUILTIN_SCHEMAS:
+    for schema in (*BUILTIN_SCHEMAS, *FUSED_SCHEMAS):
         registry.register(schema)
 
 
 __all__ = [
-    "ANY_TYPE", "ATTENTION", "BINARY", "BUILTIN_SCHEMAS", "CPP_RUNTIME_OPS", "ELEMENTWISE", "FLOATS", "GLU",
+    "ANY_TYPE", "ATTENTION", "BINARY", "BUILTIN_SCHEMAS", "CPP_RUNTIME_OPS", "ELEMENTWISE", "FLOATS", "FUSED_SCHEMAS",
+    "GLU",
     "GROUPS", "INDEX", "INDEX_TYPES", "LINALG", "MOE", "MOVEMENT", "NORM", "NUMERIC", "REDUCE", "UNARY",
     "WEIGHT_TYPES", "AttrSpec", "Cost", "InferCtx", "InferError", "Op", "OpKind", "OpSchema", "Param",
     "TensorType", "bool_attr", "float_attr", "int_attr", "ints_attr", "register", "str_attr",
