@@ -1,6 +1,78 @@
-"""uaii.planner — see packages/uaii-planner/README.md. Its public API grows here as the package is implemented."""
+"""uaii.planner — fusion passes, the memory plan, the storage plan and the disk plan cache of UAII.
+
+``plan(graph, options) -> (ExecutionPlan, cache_hit)`` is the entry point; ``summarize(plan)`` gives the storage
+summary that ``uaii plan --json`` prints. See packages/uaii-planner/README.md and docs/planner.md.
+"""
 
 from importlib.metadata import version as _version
 
+from uaii.planner.cache import CacheStatus, PlanCache, clear, status
+from uaii.planner.errors import BudgetError, PlannerError
+from uaii.planner.liveness import Interval, execution_order, live_intervals
+from uaii.planner.memory import (
+    MemoryReport,
+    assign_offsets,
+    dim_bound,
+    memory_report,
+    overlapping_slots,
+    plan_memory,
+    state_values,
+)
+from uaii.planner.options import PlannerOptions
+from uaii.planner.passes import (
+    FusionPass,
+    available_passes,
+    default_passes,
+    fuse_add_norm,
+    fuse_glu,
+    fuse_grouped_matmul,
+    get_pass,
+    register_pass,
+    run_passes,
+)
+from uaii.planner.planner import build_plan, fuse, plan, plan_key
+from uaii.planner.steps import Placement, kernel_id, make_steps
+from uaii.planner.storage import WEIGHT_GROUP_RULES, group_of, plan_storage, summarize, weight_group
+
 __version__ = _version("uaii-planner")
-__all__ = ["__version__"]
+__all__ = [
+    "WEIGHT_GROUP_RULES",
+    "BudgetError",
+    "CacheStatus",
+    "FusionPass",
+    "Interval",
+    "MemoryReport",
+    "Placement",
+    "PlanCache",
+    "PlannerError",
+    "PlannerOptions",
+    "__version__",
+    "assign_offsets",
+    "available_passes",
+    "build_plan",
+    "clear",
+    "default_passes",
+    "dim_bound",
+    "execution_order",
+    "fuse",
+    "fuse_add_norm",
+    "fuse_glu",
+    "fuse_grouped_matmul",
+    "get_pass",
+    "group_of",
+    "kernel_id",
+    "live_intervals",
+    "make_steps",
+    "memory_report",
+    "overlapping_slots",
+    "plan",
+    "plan_key",
+    "plan_memory",
+    "plan_storage",
+    "register_pass",
+    "run_passes",
+    "state_values",
+    "status",
+    "summarize",
+    "weight_group",
+]
