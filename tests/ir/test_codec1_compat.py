@@ -3,12 +3,9 @@ as their JSON twins; malformed records fail with the offset of the field."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import struct
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
@@ -21,17 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPAT = Path(os.environ.get("UAII_COMPAT_DIR", REPO.parent / "shared" / "compat" / "cpp-uaii-ir"))
 
 
-def _support() -> ModuleType:
-    name = "uaii_tests_ir_serialize_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("serialize_support.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-S = _support()
+import serialize_support as S  # noqa: E402  (tests/ir is on pytest's pythonpath)
 
 
 def error_of(data: bytes) -> FormatError:

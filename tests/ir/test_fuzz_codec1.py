@@ -4,31 +4,15 @@ case count."""
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 import time
 import tracemalloc
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+import serialize_support as S
 
 from uaii.ir import FormatError, Graph, Node
 from uaii.ir.serialize import from_bytes
-
-
-def _support() -> ModuleType:
-    name = "uaii_tests_ir_serialize_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("serialize_support.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-S = _support()
 
 
 def _all_attribute_types() -> Graph:

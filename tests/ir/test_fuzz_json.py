@@ -4,31 +4,16 @@ nothing else, each case within a time bound. `UAII_FUZZ_CASES=N` and `UAII_FUZZ_
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import random
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import serialize_support as S
 
 from uaii.ir import FormatError
 from uaii.ir.serialize import dumps_json, loads_json
 
-
-def _support() -> ModuleType:
-    name = "uaii_tests_ir_serialize_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("serialize_support.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-S = _support()
 SEEDS = [dumps_json(S.toy_mlp()).encode(), dumps_json(S.rich_graph()).encode(),
          S.cpp_style_json(S.toy_mlp(), first_id=40).encode()]
 DOCS = [json.loads(s) for s in SEEDS]

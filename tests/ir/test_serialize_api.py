@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+import serialize_support as S
 
 import uaii.ir as ir
 from uaii.ir import FormatError, Graph, GraphError, Node, UaiiError
 from uaii.ir.serialize import decode, encode, file_format, load, save
-
-
-def _support() -> ModuleType:
-    name = "uaii_tests_ir_serialize_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("serialize_support.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-S = _support()
 
 
 def test_public_names() -> None:

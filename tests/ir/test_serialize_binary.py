@@ -8,10 +8,8 @@ import os
 import re
 import shutil
 import struct
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import flatbuffers
 import pytest
@@ -29,17 +27,7 @@ from uaii.ir.serialize.reader import pack_header
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _support() -> ModuleType:
-    name = "uaii_tests_ir_serialize_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("serialize_support.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-S = _support()
+import serialize_support as S  # noqa: E402  (tests/ir is on pytest's pythonpath)
 
 
 def error_of(data: bytes) -> FormatError:

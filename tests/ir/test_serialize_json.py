@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import struct
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import serialize_support as S
 
 from uaii.ir import DType, FormatError, Graph, GraphError, Node, StorageHint, Tensor
 from uaii.ir.serialize import dumps_json, loads_json
 from uaii.ir.serialize._floats import float_from_bits, float_text, parse_float_text
-
-
-def _support() -> ModuleType:
-    name = "uaii_tests_ir_serialize_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("serialize_support.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-S = _support()
 
 
 def doc_of(g: Graph) -> dict[str, Any]:

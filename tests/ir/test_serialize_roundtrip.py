@@ -3,29 +3,15 @@ deterministic (same graph → same bytes; JSON → graph → JSON is the identit
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
 
+import serialize_support as S
 from hypothesis import HealthCheck, given, settings
 
 from uaii.ir import Graph
 from uaii.ir.serialize import dumps_json, from_bytes, load, loads_json, save, to_bytes
 
-
-def _support() -> ModuleType:
-    name = "uaii_tests_ir_serialize_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("serialize_support.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-S = _support()
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-_HELPERS = Path(__file__).with_name("storage_helpers.py")
-_spec = importlib.util.spec_from_file_location("storage_helpers", _HELPERS)
-assert _spec is not None and _spec.loader is not None
-_mod = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("storage_helpers", _mod)
-_spec.loader.exec_module(_mod)
-
-from storage_helpers import MiB, WeightFile, random_weight_file  # noqa: E402
+from storage_helpers import MiB, WeightFile, random_weight_file
 
 
 @pytest.fixture
