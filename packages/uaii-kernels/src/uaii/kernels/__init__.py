@@ -1,6 +1,57 @@
-"""uaii.kernels — see packages/uaii-kernels/README.md. Its public API grows here as the package is implemented."""
+"""uaii.kernels — CPU kernels of UAII: GGUF (de)quantization, the IGemm interface with quantized GEMV/GEMM
+kernels, and the operators of a transformer runtime. C via cffi (API mode), SIMD chosen at run time, a persistent
+thread pool; see packages/uaii-kernels/README.md and docs/kernels.md.
+"""
 
 from importlib.metadata import version as _version
 
+from uaii.kernels._native import (
+    KernelError,
+    available_isas,
+    best_isa,
+    get_isa,
+    get_num_threads,
+    num_threads,
+    set_isa,
+    set_num_threads,
+    use_isa,
+)
+from uaii.kernels.gemm import (
+    FAST_TYPES,
+    IGemm,
+    PackedWeight,
+    gemm_path,
+    gemm_providers,
+    get_gemm,
+    matmul,
+    register_gemm_provider,
+)
+from uaii.kernels.ops import (
+    add,
+    argmax,
+    attention,
+    geglu,
+    gelu,
+    glu,
+    layer_norm,
+    mul,
+    rms_norm,
+    rope,
+    rope_inv_freq,
+    silu,
+    softmax,
+    swiglu,
+    topk,
+    yarn_attn_factor,
+)
+from uaii.kernels.quant import DEQUANT_TYPES, QUANT_TYPES, dequantize, get_rows, quantize, quantize_activations
+
 __version__ = _version("uaii-kernels")
-__all__ = ["__version__"]
+__all__ = [
+    "DEQUANT_TYPES", "FAST_TYPES", "QUANT_TYPES", "IGemm", "KernelError", "PackedWeight", "__version__", "add",
+    "argmax", "attention", "available_isas", "best_isa", "dequantize", "geglu", "gelu", "gemm_path",
+    "gemm_providers", "get_gemm", "get_isa", "get_num_threads", "get_rows", "glu", "layer_norm", "matmul", "mul",
+    "num_threads", "quantize", "quantize_activations", "register_gemm_provider", "rms_norm", "rope",
+    "rope_inv_freq", "set_isa", "set_num_threads", "silu", "softmax", "swiglu", "topk", "use_isa",
+    "yarn_attn_factor",
+]

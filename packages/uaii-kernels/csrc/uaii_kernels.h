@@ -1,0 +1,101 @@
+/* uaii_kernels.h — the C API of uaii-kernels.
+ *
+ * Every function returns UK_OK (0) or a negative UK_E_* status unless it says otherwise; none allocates per call in
+ * steady state (scratch buffers grow once and are reused), none calls back into Python, and every one may run on
+ * the persistent thread pool. Output buffers are always supplied by the caller, so a decode step allocates nothing.
+ * Type arguments are GGUF ggml_type ids (F32 = 0, F16 = 1, Q4_0 = 2, ... BF16 = 30, MXFP4 = 39).
+ *
+ * The declarations between the CDEF markers are read verbatim by build_kernels.py as the cffi cdef: keep them
+ * plain C (no macros, no preprocessor lines).
+ */
+#ifndef UAII_KERNELS_H
+#define UAII_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CDEF BEGIN */
+enum {
+    UK_OK = 0,
+    UK_E_TYPE = -1,      /* the type is unknown or not implemented by this function */
+    UK_E_ARG = -2,       /* a size or argument is invalid (e.g. not a whole number of blocks) */
+    UK_E_NOMEM = -3,     /* a scratch buffer could not be allocated */
+    UK_E_ISA = -4        /* the instruction set is not available on this CPU */
+};
+
+enum {
+    UK_ISA_SCALAR = 0,   /* portable C, the reference every SIMD path is tested against */
+    UK_ISA_AVX2 = 1,     /* x86-64: AVX2 + FMA + F16C */
+    UK_ISA_AVXVNNI = 2,  /* x86-64: AVX2 level + AVX-VNNI (256-bit VPDPBUSD) */
+    UK_ISA_AVX512 = 3,   /* x86-64: AVX-512 F/BW/DQ/VL + VNNI (32 vector registers, VPDPBUSD) */
+    UK_ISA_NEON = 4      /* aarch64: Advanced SIMD */
+};
+
+enum { UK_ACT_SILU = 0, UK_ACT_GELU_ERF = 1, UK_ACT_GELU_TANH = 2 };
+
+/* --- run-time configuration ------------------------------------------------------------------------------- */
+int uk_isa_available(int isa);               /* 1 when this CPU (and OS) can run `isa`, else 0 */
+int uk_best_isa(void);                       /* the ISA chosen at start-up */
+int uk_get_isa(void);
+int uk_set_isa(int isa);                     /* force a path (tests, benchmarks); not while kernels run */
+int uk_set_num_threads(int n);               /* n <= 0: UAII_NUM_THREADS or the number of usable cores */
+int uk_get_num_threads(void);
+int uk_pool_workers_started(void);           /* threads the pool has created so far (never per call) */
+
+/* --- formats ------------------------------------------------------------------------------------------------ */
+int uk_type_block_elems(int type);           /* elements per block, 0 for an unknown type */
+int uk_type_block_bytes(int type);           /* bytes per block, 0 for an unknown type */
+int uk_can_dequantize(int type);
+int uk_can_quantize(int type);
+int uk_dequantize(int type, const void *src, float *dst, int64_t n);
+int uk_quantize(int type, const float *src, void *dst, int64_t n);
+/* dst[i, :] = row ids[i] of a [n_rows, n_cols] table of `type`, dequantized (only the rows used). */
+int uk_get_rows(int type, const void *table, int64_t n_rows, int64_t n_cols, const int64_t *ids, int64_t n_ids,
+                float *dst);
+/* memcpy split across the pool (staging copies; the STREAM-like bandwidth probe of the benchmark) */
+int uk_copy(void *dst, const void *src, int64_t n);
+/* The activation format of the integer path: per 32 values an int8 block, its scale d and s = d * sum(q). */
+int uk_quantize_act(const float *x, int64_t k, int8_t *q, float *d, float *s);
+
+/* --- y = x . W^T -------------------------------------------------------------------------------------------- */
+/* 2: integer (Q8 activation) fast path or native float path, 1: dequantize-rows-then-f32-dot path, 3: integer
+   dots for decode rows, the f32 path for batches (Q2_K on x86), 0: none. Depends on the current ISA. */
+int uk_gemm_path(int type);
+/* W [n, k] of `type` stays packed; x [m, k] f32 with row stride ldx; y [m, n] f32 with row stride ldy.
+   mode 0: the fastest path for the type; mode 1: always dequantize weight rows to f32 and use f32 dots. */
+int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
+            float *y, int64_t ldy, int mode);
+
+/* --- operators (rows of n contiguous values; x and y may alias) ----------------------------------------------- */
+int uk_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps, int w_offset_one);
+int uk_layernorm(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t n, float eps);
+int uk_softmax(const float *x, float *y, int64_t rows, int64_t n, float scale);
+int uk_act(int kind, const float *x, float *y, int64_t n);
+/* y[r, :] = act(gate[r, :]) * up[r, :] with row strides in elements (a fused [rows, 2n] tensor works as views) */
+int uk_glu(int kind, const float *gate, int64_t gate_stride, const float *up, int64_t up_stride, float *y,
+           int64_t rows, int64_t n);
+/* x, y [t, h, d]: rotate the first n_rot dims of every head at position pos[t] by angles pos * inv_freq[i]
+   (inv_freq has n_rot/2 entries, scaling already folded in), times attn_factor. neox: pairs (i, i + n_rot/2),
+   else adjacent pairs (2i, 2i + 1). Dims past n_rot are copied. */
+int uk_rope(const float *x, float *y, int64_t t, int64_t h, int64_t d, int64_t n_rot, const int32_t *pos,
+            const float *inv_freq, float attn_factor, int neox);
+/* Causal GQA attention of queries q [t, hq, d] over cached keys/values. Key s of kv head g lives at
+   k + s*k_stride_s + g*k_stride_h (elements; likewise v, dv values), with absolute position k_pos[s] (< 0: empty
+   slot). Query i at position q_pos[i] sees key s when k_pos[s] <= q_pos[i] and, with window > 0,
+   q_pos[i] - k_pos[s] < window or k_pos[s] < n_sink. Logits are scaled, then soft-capped (softcap > 0:
+   softcap * tanh(l / softcap)); sink_logits (per query head, may be NULL) adds exp(sink) to the denominator.
+   kv_type: 0 f32, 1 f16. out [t, hq, dv]; a query that sees no key gets zeros. */
+int uk_attention(const float *q, const void *k, const void *v, float *out, int64_t t, int64_t s, int64_t hq,
+                 int64_t hkv, int64_t d, int64_t dv, int64_t k_stride_s, int64_t k_stride_h, int64_t v_stride_s,
+                 int64_t v_stride_h, const int32_t *q_pos, const int32_t *k_pos, float scale, int32_t window,
+                 int32_t n_sink, float softcap, const float *sink_logits, int kv_type);
+/* CDEF END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* UAII_KERNELS_H */

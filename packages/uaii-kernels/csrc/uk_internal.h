@@ -1,0 +1,206 @@
+/* uk_internal.h — what the C sources of uaii-kernels share: block layouts, fp16 helpers, type traits, the
+ * per-ISA kernel table and the thread pool. Not part of the public API. */
+#ifndef UK_INTERNAL_H
+#define UK_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "uaii_kernels.h"
+
+#define QK 32      /* elements per legacy block (Q4_0 ... Q8_0, IQ4_NL, MXFP4) and per activation block */
+#define QK_K 256   /* elements per k-quant super-block */
+#define UK_NTYPES 40
+
+#define UK_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define UK_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#if defined(__GNUC__) || defined(__clang__)
+#define UK_INLINE static inline __attribute__((always_inline))
+#define UK_RESTRICT __restrict__
+#else
+#define UK_INLINE static inline
+#define UK_RESTRICT
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define UK_X86 1
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define UK_NEON 1
+#endif
+
+/* GGUF type ids (ggml_type) */
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q8_1 = 9,
+    T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20,
+    T_IQ4_XS = 23, T_BF16 = 30, T_MXFP4 = 39
+};
+
+/* --- block layouts (ggml-common.h); packed, sizes pinned ---------------------------------------------------- */
+typedef uint16_t uk_half;
+#pragma pack(push, 1)
+typedef struct { uk_half d; uint8_t qs[QK / 2]; } block_q4_0;
+typedef struct { uk_half d; uk_half m; uint8_t qs[QK / 2]; } block_q4_1;
+typedef struct { uk_half d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
+typedef struct { uk_half d; uk_half m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
+typedef struct { uk_half d; int8_t qs[QK]; } block_q8_0;
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uk_half d; uk_half dmin; } block_q2_K;
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uk_half d; } block_q3_K;
+typedef struct { uk_half d; uk_half dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
+typedef struct { uk_half d; uk_half dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uk_half d; } block_q6_K;
+typedef struct { uk_half d; uint8_t qs[QK / 2]; } block_iq4_nl;
+typedef struct { uk_half d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+typedef struct { uint8_t e; uint8_t qs[QK / 2]; } block_mxfp4;
+#pragma pack(pop)
+
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
+_Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
+_Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+_Static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+_Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
+_Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
+_Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 size");
+
+extern const int8_t uk_kvalues_iq4nl[16];
+extern const int8_t uk_kvalues_mxfp4[16];
+
+/* --- scalar conversions, bit-exact with numpy's float16 casts ----------------------------------------------- */
+UK_INLINE uint32_t uk_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+UK_INLINE float uk_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+UK_INLINE float uk_fp16_to_fp32(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t exp = h & 0x7c00u, sig = h & 0x03ffu;
+    if (exp == 0x7c00u) return uk_u2f(sign | 0x7f800000u | (sig << 13));      /* inf, nan (payload kept) */
+    if (exp != 0) return uk_u2f(sign | (((uint32_t)(h & 0x7fffu) + 0x1c000u) << 13));
+    if (sig == 0) return uk_u2f(sign);
+    uint32_t e = 0;                                                           /* subnormal: normalise */
+    sig <<= 1;
+    while ((sig & 0x0400u) == 0) { sig <<= 1; e++; }
+    return uk_u2f(sign | ((127u - 15u - e) << 23) | ((sig & 0x03ffu) << 13));
+}
+
+UK_INLINE uint16_t uk_fp32_to_fp16(float f) {                                 /* round to nearest even */
+    uint32_t x = uk_f2u(f), sig;
+    uint16_t sign = (uint16_t)((x & 0x80000000u) >> 16);
+    uint32_t exp = x & 0x7f800000u;
+    if (exp >= 0x47800000u) {                                                 /* overflow, inf, nan */
+        if (exp == 0x7f800000u && (x & 0x007fffffu)) {
+            uint16_t r = (uint16_t)(0x7c00u + ((x & 0x007fffffu) >> 13));
+            return (uint16_t)(sign + (r == 0x7c00u ? r + 1 : r));
+        }
+        return (uint16_t)(sign + 0x7c00u);
+    }
+    if (exp <= 0x38000000u) {                                                 /* subnormal half or zero */
+        if (exp < 0x33000000u) return sign;
+        exp >>= 23;
+        sig = 0x00800000u + (x & 0x007fffffu);
+        sig >>= (113u - exp);
+        if (((sig & 0x00003fffu) != 0x00001000u) || (x & 0x000007ffu)) sig += 0x00001000u;
+        return (uint16_t)(sign + (sig >> 13));
+    }
+    uint16_t hexp = (uint16_t)((exp - 0x38000000u) >> 13);
+    sig = x & 0x007fffffu;
+    if ((sig & 0x00003fffu) != 0x00001000u) sig += 0x00001000u;
+    return (uint16_t)(sign + hexp + (uint16_t)(sig >> 13));                   /* carry may spill into the exponent */
+}
+
+UK_INLINE float uk_bf16_to_fp32(uint16_t h) { return uk_u2f((uint32_t)h << 16); }
+
+/* E8M0 exponent to 0.5 * 2^(e - 127) (ggml_e8m0_to_fp32_half; the MXFP4 values are stored doubled) */
+UK_INLINE float uk_e8m0_half(uint8_t e) {
+    return uk_u2f(e < 2 ? (0x00200000u << e) : ((uint32_t)(e - 1) << 23));
+}
+
+UK_INLINE float uk_h(const uk_half *p) { uk_half h; memcpy(&h, p, 2); return uk_fp16_to_fp32(h); }
+
+/* --- type traits -------------------------------------------------------------------------------------------- */
+/* Repacked weights: every 32 values become 32 one-byte integers q (unsigned 0..31 or signed), two scales (values
+   0..15 and 16..31) and one additive term: w = sc[half] * q + mn. The integer tile kernel runs on this form. */
+typedef void (*uk_rows_fn)(const void *src, float *dst, int64_t nblocks);
+typedef void (*uk_quant_fn)(const float *src, void *dst, int64_t nblocks);
+typedef void (*uk_repack_fn)(const void *src, int64_t nblocks, uint8_t *q, float *sc, float *mn);
+
+typedef struct {
+    const char *name;
+    int elems, bytes;
+    uk_rows_fn dequant;        /* scalar reference, bit-exact with gguf-py */
+    uk_quant_fn quant;         /* scalar, NULL when not implemented */
+    uk_repack_fn repack;       /* NULL: the f32 fallback path */
+    int repack_signed;         /* q is int8 (else uint8 with 0 <= q <= 63 and a min term) */
+} uk_traits_t;
+
+const uk_traits_t *uk_traits(int type);      /* NULL for an unknown or unsupported type */
+void uk_q8a_ref(const float *x, int64_t k, int8_t *q, float *d, float *s);
+
+/* --- kernel table, filled per ISA --------------------------------------------------------------------------- */
+/* direct integer GEMV: one weight row . quantized activation row */
+typedef float (*uk_dotq_fn)(int64_t k, const void *w, const int8_t *aq, const float *ad, const float *as);
+typedef float (*uk_dotf_fn)(int64_t k, const void *w, const float *x);
+typedef void (*uk_qact_fn)(const float *x, int64_t k, int8_t *q, float *d, float *s);
+/* y[j*ldy + i] = w_i . a_j for nr repacked weight rows (q: k bytes per row, sc: 2k/32 floats, mn: k/32 floats)
+   and mr quantized activation rows (q: k bytes, d and s: k/32 floats per row); sign: q is int8 and mn unused */
+typedef void (*uk_tileq_fn)(int64_t k, int nr, int mr, int sign, const uint8_t *wq, const float *wsc,
+                            const float *wmn, const int8_t *aq, const float *ad, const float *as, float *y,
+                            int64_t ldy);
+/* y[j*ldy + i] = w_i . x_j, f32 rows */
+typedef void (*uk_tilef_fn)(int64_t k, int nr, int mr, const float *w, int64_t ldw, const float *x, int64_t ldx,
+                            float *y, int64_t ldy);
+
+typedef struct {
+    uk_rows_fn dequant[UK_NTYPES];
+    uk_dotq_fn dotq[UK_NTYPES];      /* NULL: repack the row and use tileq */
+    uk_dotf_fn dotf[UK_NTYPES];      /* F32, F16, BF16 weights */
+    uk_qact_fn quant_act;
+    uk_tileq_fn tileq;
+    uk_tilef_fn tilef;
+    /* operators (ops_impl.inc) */
+    float (*dot_f32)(int64_t n, const float *a, const float *b);
+    float (*dot_f16)(int64_t n, const float *a, const uint16_t *b);
+    void (*axpy_f32)(int64_t n, float a, const float *x, float *y);    /* y += a x */
+    void (*axpy_f16)(int64_t n, float a, const uint16_t *x, float *y);
+    void (*exp_shift)(float *x, int64_t n, float shift);               /* x = exp(x - shift) */
+    void (*act)(int kind, const float *x, float *y, int64_t n);
+    void (*glu_row)(int kind, const float *g, const float *u, float *y, int64_t n);
+    void (*rms_row)(const float *x, const float *w, float *y, int64_t n, float eps, int one);
+    void (*ln_row)(const float *x, const float *w, const float *b, float *y, int64_t n, float eps);
+    void (*softmax_row)(const float *x, float *y, int64_t n, float scale);
+    void (*rope_row)(const float *x, float *y, int64_t d, int64_t n_rot, const float *c, const float *s, int neox);
+} uk_kernel_table;
+
+extern uk_kernel_table uk_kt;
+void uk_init(void);                   /* idempotent; every public entry point calls it */
+void uk_fill_scalar(uk_kernel_table *t);
+#ifdef UK_X86
+void uk_fill_avx2(uk_kernel_table *t);
+void uk_fill_avxvnni(uk_kernel_table *t);
+void uk_fill_avx512(uk_kernel_table *t);
+#endif
+#ifdef UK_NEON
+void uk_fill_neon(uk_kernel_table *t);
+#endif
+
+/* --- thread pool (threadpool.c) ----------------------------------------------------------------------------- */
+typedef void (*uk_task_fn)(void *ctx, int ith, int nth);
+/* Runs fn(ctx, i, nth) on the caller (i = 0) and on the workers that join in time (i < nth = min(max_tasks, pool
+   size)). A task must take its work in chunks from an atomic counter in ctx and return when none is left: no task
+   may count on the others running at all (on a loaded machine the caller may do all the work). i is unique among
+   the tasks of a call (use it for uk_scratch slots). uk_parallel_begin/end take the pool lock around a call. */
+void uk_parallel_begin(void);
+void uk_parallel_end(void);
+void uk_parallel_run(uk_task_fn fn, void *ctx, int max_tasks);
+void *uk_scratch(int slot, size_t bytes);   /* grow-only per-slot buffer (slot: 0..UK_MAX_THREADS+1), 64-aligned */
+#define UK_MAX_THREADS 256
+#define UK_SLOT_SHARED (UK_MAX_THREADS)
+#define UK_SLOT_SHARED2 (UK_MAX_THREADS + 1)
+
+#endif /* UK_INTERNAL_H */

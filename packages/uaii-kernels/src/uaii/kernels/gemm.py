@@ -1,0 +1,219 @@
+"""IGemm: ``y = x . W^T`` with W [n, k] kept packed in its storage type.
+
+A provider implements :class:`IGemm`; providers are listed by :func:`gemm_providers` and chosen by name with
+:func:`get_gemm`. Built in:
+
+``c-q8dot``        the C kernels: activations quantized to 32-value int8 blocks on the fly and integer dot
+                   products (VNNI / AVX2 / NEON / scalar) for block types with a tile form; F32/F16/BF16 weights in
+                   float; Q2_K batches through dequantize-rows-then-f32-dot in C. Decode (one row) runs per-type GEMV
+                   kernels, batches a cache-blocked tile kernel over repacked chunks of weight rows.
+``c-f32``          the C kernels, dequantizing chunks of weight rows to f32 and using f32 dots (every type).
+``numpy-dequant``  the reference: dequantize the whole weight, then numpy's BLAS matmul in f32.
+
+Third-party providers register under the entry-point group ``uaii.gemm`` (an object or a zero-argument factory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from uaii.ir.dtype import DType
+from uaii.ir.errors import UnsupportedDType
+from uaii.kernels._native import KernelError, check, f32, lib, ptr, view_ptr
+from uaii.kernels.quant import DEQUANT_TYPES, as_bytes, dequantize
+
+FAST_TYPES: frozenset[DType] = frozenset({
+    DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q3_K,
+    DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.IQ4_NL, DType.IQ4_XS, DType.MXFP4,
+})
+"""Weight types of the integer / native-float path of c-q8dot, decode and batches alike; Q2_K, the other type of
+DEQUANT_TYPES, has integer decode dots and uses the dequantize-rows-then-f32-dot C path for batches."""
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight matrix [n, k] in its storage type: ``data`` holds the packed bytes (no copy of the caller's)."""
+
+    data: np.ndarray
+    dtype: DType
+    n: int
+    k: int
+    _ptr: Any = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_raw(cls, raw: Any, dtype: DType | str, shape: tuple[int, int]) -> PackedWeight:
+        """Wrap packed bytes (a GGUF tensor's data, a memory map, bytes) of a [n, k] matrix."""
+        dt = DType.parse(dtype)
+        if dt not in DEQUANT_TYPES:
+            raise UnsupportedDType(dt, "gemm weights")
+        n, k = (int(s) for s in shape)
+        if k % dt.block_size:
+            raise KernelError(f"[kernels] gemm: k = {k} is not a multiple of the {dt.value} block ({dt.block_size})")
+        data = as_bytes(raw)
+        need = dt.nbytes(n * k)
+        if data.size < need:
+            raise KernelError(f"[kernels] gemm: a [{n}, {k}] {dt.value} weight needs {need} bytes, got {data.size}")
+        data = data[:need]
+        return cls(data, dt, n, k, ptr(data))
+
+    @classmethod
+    def from_array(cls, w: np.ndarray) -> PackedWeight:
+        """Wrap a float32 or float16 numpy matrix [n, k] (kept as is)."""
+        dt = DType.from_numpy(w.dtype)
+        if dt not in (DType.F32, DType.F16) or w.ndim != 2:
+            raise KernelError(f"[kernels] gemm: from_array needs a 2-D float32/float16 array, got {w.dtype} {w.shape}")
+        return cls.from_raw(np.ascontiguousarray(w), dt, w.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.size)
+
+    def pointer(self) -> Any:
+        return self._ptr if self._ptr is not None else ptr(self.data)
+
+    def dequantize(self) -> np.ndarray:
+        return dequantize(self.data, self.dtype, self.n * self.k).reshape(self.n, self.k)
+
+
+def _prepare(x: np.ndarray, w: PackedWeight, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int, int]:
+    if x.dtype != np.float32:
+        raise KernelError(f"[kernels] gemm: activations must be float32, got {x.dtype}")
+    if x.shape[-1] != w.k:
+        raise KernelError(f"[kernels] gemm: x has {x.shape[-1]} columns, the weight expects k = {w.k}")
+    x2 = x.reshape(-1, w.k) if x.ndim != 2 else x
+    m = x2.shape[0]
+    if m > 1 and (x2.strides[1] != 4 or x2.strides[0] % 4 or x2.strides[0] < 4 * w.k or not x2.flags.aligned):
+        x2 = np.ascontiguousarray(x2)
+    if m <= 1:
+        x2 = np.ascontiguousarray(x2)
+        return x2, _out_for(x, w, out), m, w.k
+    return x2, _out_for(x, w, out), m, x2.strides[0] // 4
+
+
+def _out_for(x: np.ndarray, w: PackedWeight, out: np.ndarray | None) -> np.ndarray:
+    oshape = (*x.shape[:-1], w.n)
+    if out is None:
+        return np.empty(oshape, np.float32)
+    if out.shape != oshape or out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise KernelError(f"[kernels] gemm: out must be a writable C-contiguous float32 array of shape {oshape}")
+    return out
+
+
+@runtime_checkable
+class IGemm(Protocol):
+    """``y = x . W^T``; x [..., k] float32, W packed [n, k], y [..., n] float32 (``out`` preallocated or None)."""
+
+    name: str
+
+    def supports(self, dtype: DType) -> bool: ...
+
+    def gemv(self, x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
+        """Decode: one activation row [k] -> [n]."""
+        ...
+
+    def gemm(self, x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
+        """Prefill / batches: rows [m, k] -> [m, n]."""
+        ...
+
+
+class _CGemm:
+    """The C kernels; mode 0 picks the fastest path per type, mode 1 dequantizes rows and uses f32 dots."""
+
+    def __init__(self, name: str, mode: int) -> None:
+        self.name = name
+        self._mode = mode
+
+    def supports(self, dtype: DType) -> bool:
+        return DType.parse(dtype) in DEQUANT_TYPES
+
+    def gemm(self, x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
+        x2, y, m, ldx = _prepare(x, w, out)
+        assert w.dtype.gguf_id is not None
+        check(lib.uk_gemm(w.dtype.gguf_id, w.pointer(), w.n, w.k, view_ptr(x2), m, ldx, f32(y), w.n, self._mode),
+              f"gemm {w.dtype.value} [{w.n}, {w.k}]")
+        return y
+
+    gemv = gemm
+
+    def __repr__(self) -> str:
+        return f"<IGemm {self.name}>"
+
+
+class NumpyDequantGemm:
+    """Reference: dequantize W completely (C, bit-exact), then numpy's f32 matmul."""
+
+    name = "numpy-dequant"
+
+    def supports(self, dtype: DType) -> bool:
+        return DType.parse(dtype) in DEQUANT_TYPES
+
+    def gemm(self, x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
+        _, y, _, _ = _prepare(x, w, out)
+        np.matmul(x, w.dequantize().T, out=y)
+        return y
+
+    gemv = gemm
+
+
+C_Q8DOT = _CGemm("c-q8dot", 0)
+C_F32 = _CGemm("c-f32", 1)
+NUMPY_DEQUANT = NumpyDequantGemm()
+_BUILTIN: dict[str, IGemm] = {p.name: p for p in (C_Q8DOT, C_F32, NUMPY_DEQUANT)}
+_PROVIDERS: dict[str, IGemm] = dict(_BUILTIN)
+_loaded_plugins = False
+
+
+def register_gemm_provider(provider: IGemm) -> None:
+    """Add (or replace) a provider under its ``name``."""
+    if not isinstance(provider, IGemm):
+        raise KernelError(f"[kernels] {provider!r} does not implement IGemm")
+    _PROVIDERS[provider.name] = provider
+
+
+def _load_plugins() -> None:
+    global _loaded_plugins
+    if _loaded_plugins:
+        return
+    _loaded_plugins = True
+    for ep in entry_points(group="uaii.gemm"):
+        if ep.name in _BUILTIN:
+            continue
+        obj = ep.load()
+        register_gemm_provider(obj if isinstance(obj, IGemm) else obj())
+
+
+def gemm_providers() -> list[str]:
+    """Names of the available providers, the default first."""
+    _load_plugins()
+    return list(_PROVIDERS)
+
+
+def get_gemm(name: str | None = None) -> IGemm:
+    """A provider by name; None: the default, ``c-q8dot``."""
+    _load_plugins()
+    key = name or "c-q8dot"
+    try:
+        return _PROVIDERS[key]
+    except KeyError:
+        raise KernelError(f"[kernels] unknown gemm provider {key!r}; available: {', '.join(_PROVIDERS)}") from None
+
+
+def matmul(x: np.ndarray, w: PackedWeight, *, out: np.ndarray | None = None, provider: str | None = None) -> np.ndarray:
+    """``x . W^T`` with the chosen provider (default c-q8dot)."""
+    return get_gemm(provider).gemm(x, w, out)
+
+
+def gemm_path(dtype: DType | str) -> str:
+    """How c-q8dot runs a weight type on the current ISA: "int8-dot", "float", "dequant-f32", or
+    "int8-dot/dequant-f32" (integer decode, f32 batches: Q2_K on x86). Raises UnsupportedDType."""
+    dt = DType.parse(dtype)
+    if dt not in DEQUANT_TYPES:
+        raise UnsupportedDType(dt, "gemm weights")
+    assert dt.gguf_id is not None
+    if dt in (DType.F32, DType.F16, DType.BF16):
+        return "float"
+    return {2: "int8-dot", 3: "int8-dot/dequant-f32"}.get(lib.uk_gemm_path(dt.gguf_id), "dequant-f32")
