@@ -73,3 +73,15 @@ def test_locate_raw_file(tmp_path: Path) -> None:
         locate_raw_file("w/bias.bin#t", tmp_path, dtype=DType.F32, shape=(6,))
     with pytest.raises(UaiiError, match="escape the sandbox"):
         locate_raw_file("../bias.bin", tmp_path / "w", sandbox=tmp_path / "w", dtype=DType.F32, shape=(6,))
+
+
+def test_rows_ref_is_a_contiguous_row_range_of_a_block_tensor() -> None:
+    from uaii.storage import row_range, rows_ref
+
+    loc = WeightLocation("/m.gguf", 4096, 8 * 34 * 2, DType.Q8_0, (8, 64))  # 8 rows of 2 Q8_0 blocks
+    index = {"m.gguf#out.weight": loc}
+    got = lookup(index, rows_ref("m.gguf#out.weight", 2, 5))
+    assert got == WeightLocation("/m.gguf", 4096 + 2 * 68, 3 * 68, DType.Q8_0, (3, 64))
+    assert row_range(loc, 0, 8) == loc
+    with pytest.raises(StorageError, match="rows 7:9"):
+        lookup(index, rows_ref("m.gguf#out.weight", 7, 9))

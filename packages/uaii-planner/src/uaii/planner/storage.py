@@ -13,6 +13,13 @@ Staging: each buffer holds what one step streams at once (``stream_unit="tensor"
 weights staged together; a MoE step stages top_k experts of each bank) or one whole layer (``"layer"``), every
 tensor rounded up to a page as the staging pool allocates it. A tied embedding/lm_head table is one weight
 reference, counted once.
+
+Two uses stage less than the whole tensor: an Embedding lookup reads only its rows (``pread`` of each row, outside
+the staging pool: it stages nothing), and a ``MatMul`` whose [N, K] weight is used transposed (a linear layer such
+as the lm_head) is *row-chunkable*: the executor streams it in chunks of whole rows that fit one staging buffer.
+In ``"tensor"`` mode a row-chunkable tensor therefore never sizes the staging buffers beyond the largest
+unchunkable step (or :data:`CHUNK_MIN` when nothing else streams), so a large tied table can stream instead of
+being pinned.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from uaii.planner.options import PlannerOptions
 
 PAGE = 4096
 """The staging pool hands out page-multiple extents."""
+CHUNK_MIN = 1 << 20
+"""Smallest staging buffer a row-chunked tensor is cut for (when no unchunkable step needs more)."""
 
 EMBED, LM_HEAD, NORM, OTHER = "embed", "lm_head", "norm", "other"
 
@@ -85,6 +94,7 @@ class WeightUse:
     streamable: bool
     per_token: int = 0
     staged: dict[int, int] = field(default_factory=dict)  # step → bytes staged at once for this weight
+    chunk_row: int = 0  # bytes of one row when every staged use may stream it in row chunks, else 0
 
 
 def _use_bytes(node: Node, kind: OpKind | None, t: Tensor, nbytes: int) -> tuple[int, int]:
@@ -94,8 +104,17 @@ def _use_bytes(node: Node, kind: OpKind | None, t: Tensor, nbytes: int) -> tuple
         one = nbytes // max(n, 1)
         return k * one, k * one
     if kind is OpKind.INDEX and t.shape and isinstance(t.shape[0], int) and t.shape[0] > 0:
-        return nbytes, nbytes // t.shape[0]  # a gather reads one row per token
+        return (0 if node.op == "Embedding" else nbytes), nbytes // t.shape[0]  # a lookup reads one row per token
     return nbytes, nbytes
+
+
+def _row_chunkable(node: Node, kind: OpKind | None, t: Tensor) -> bool:
+    """Whether ``node`` can read ``t`` in chunks of rows: an Embedding (rows by id) or a MatMul over [N, K]."""
+    if len(t.shape) != 2:
+        return False
+    if kind is OpKind.INDEX:
+        return node.op == "Embedding"
+    return node.op == "MatMul" and bool(node.get("transpose_b", False))
 
 
 def weight_uses(graph: Graph, order: Sequence[Node], registry: Registry | None = None) -> dict[str, WeightUse]:
@@ -114,7 +133,11 @@ def weight_uses(graph: Graph, order: Sequence[Node], registry: Registry | None =
                                    "shapes to be planned")
             ref = str(t.weight) if t.weight is not None else t.name
             nbytes = tensor_nbytes(t.dtype, t.shape)
+            fresh = ref not in uses
             u = uses.setdefault(ref, WeightUse(ref, nbytes, group_of(t), step, t.weight is not None))
+            chunkable = _row_chunkable(node, kind, t)
+            if fresh or u.chunk_row:
+                u.chunk_row = tensor_nbytes(t.dtype, t.shape[1:]) if chunkable else 0
             staged, per_token = _use_bytes(node, kind, t, nbytes)
             u.staged[step] = max(u.staged.get(step, 0), staged)
             u.per_token += per_token
@@ -128,13 +151,24 @@ def page_round(n: int) -> int:
 def staging_unit(streamed: Iterable[WeightUse], unit: str) -> int:
     """Bytes one staging buffer needs for the streamed weights: the largest step, or the largest layer."""
     per: dict[object, int] = {}
+    chunked: list[WeightUse] = []
     for u in streamed:
         if unit == "layer":
             per[u.group] = per.get(u.group, 0) + page_round(max(u.staged.values()))
+        elif u.chunk_row:
+            chunked.append(u)
         else:
             for step, nbytes in u.staged.items():
-                per[step] = per.get(step, 0) + page_round(nbytes)
-    return max(per.values(), default=0)
+                if nbytes:
+                    per[step] = per.get(step, 0) + page_round(nbytes)
+    base = max(per.values(), default=0)
+    for u in chunked:  # cut into row chunks of at most one buffer (a chunk's read window may straddle a page)
+        whole = page_round(max(u.staged.values()))
+        if not whole:
+            continue
+        want = whole if whole <= base else max(base, min(whole, CHUNK_MIN))
+        base = max(base, want, page_round(u.chunk_row) + PAGE)
+    return base
 
 
 # --- the rule -----------------------------------------------------------------------------------------------
@@ -201,7 +235,8 @@ def choose_pins(uses: Sequence[WeightUse], options: PlannerOptions, arena: int) 
 
 def _budget_error(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions) -> BudgetError:
     streamed = [u for u in uses if u.group not in fit.pinned and u.streamable]
-    biggest = max(streamed, key=lambda u: max(u.staged.values()), default=None)
+    whole = [u for u in streamed if not u.chunk_row] or streamed  # row-chunked tensors do not size the buffers
+    biggest = max(whole, key=lambda u: max(u.staged.values()), default=None)
     p = fit.parts
     detail = (f"{options.staging_buffers} staging buffers x {fit.staging} bytes = {p['staging']} + arena "
               f"{p['arena']} + KV cache {p['kv_cache']}")
@@ -209,7 +244,8 @@ def _budget_error(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions)
         detail += f" + expert cache {p['expert_cache']}"
     if p["pinned"]:
         detail += f" + pinned weights {p['pinned']} (caller-held, or cheaper pinned than streamed)"
-    hint = f"; the largest streamed tensor is {biggest.ref!r} ({biggest.nbytes} bytes)" if biggest else ""
+    hint = (f"; the largest streamed tensor staged whole is {biggest.ref!r} ({biggest.nbytes} bytes)"
+            if biggest else "")
     return BudgetError(f"memory budget of {options.budget_bytes} bytes is too small: the smallest plan needs "
                        f"{detail} = {fit.total} bytes{hint}",
                        budget_bytes=options.budget_bytes, required_bytes=fit.total, parts=fit.parts)
@@ -260,6 +296,6 @@ def summarize(plan: ExecutionPlan) -> dict[str, Any]:
     }
 
 
-__all__ = ["EMBED", "LM_HEAD", "NORM", "OTHER", "PAGE", "WEIGHT_GROUP_RULES", "WeightUse",
+__all__ = ["CHUNK_MIN", "EMBED", "LM_HEAD", "NORM", "OTHER", "PAGE", "WEIGHT_GROUP_RULES", "WeightUse",
            "choose_pins", "drop_order", "group_of", "is_trunk", "page_round", "pin_priority", "plan_storage",
            "staging_unit", "summarize", "weight_group", "weight_uses"]

@@ -18,6 +18,8 @@ from uaii.storage.location import (
     expert_location,
     locate_raw_file,
     lookup,
+    row_range,
+    rows_ref,
 )
 from uaii.storage.mmap_store import MmapStore
 from uaii.storage.pinned import PinnedSet
@@ -32,4 +34,5 @@ __all__ = [
     "PinnedSet", "StagingError", "StagingPool", "StorageError", "StorageTelemetry", "StreamingStore",
     "WeightLocation", "WeightStore", "__version__", "as_location", "default_layer_of", "drop_page_cache",
     "expert_location", "locate_raw_file", "lookup", "open_store", "resident_bytes",
+    "row_range", "rows_ref",
 ]

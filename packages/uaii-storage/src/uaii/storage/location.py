@@ -93,12 +93,37 @@ def locate_raw_file(ref: str | WeightRef, base_dir: str | os.PathLike[str] | Non
     return WeightLocation(str(path), 0, size, dt, shp)
 
 
+ROWS = "@rows="
+"""``ref@rows=A:B``: rows [A, B) of the tensor ``ref`` (outermost dimension), e.g. a chunk of an lm_head."""
+
+
+def rows_ref(ref: str | WeightRef, start: int, stop: int) -> str:
+    """The reference of rows [start, stop) of ``ref`` (see :data:`ROWS`)."""
+    return f"{ref}{ROWS}{start}:{stop}"
+
+
+def row_range(loc: WeightLocation, start: int, stop: int) -> WeightLocation:
+    """Rows [start, stop) of a tensor: contiguous bytes, also for block types (a row is whole blocks)."""
+    if not loc.shape or not 0 <= start < stop <= loc.shape[0]:
+        raise StorageError(f"{loc.path}: rows {start}:{stop} of the tensor at offset {loc.offset:#x} with shape "
+                           f"{list(loc.shape)} do not exist")
+    row = loc.nbytes // loc.shape[0]
+    return WeightLocation(loc.path, loc.offset + start * row, (stop - start) * row, loc.dtype,
+                          (stop - start, *loc.shape[1:]))
+
+
 def lookup(index: LocationIndex, ref: str | WeightRef) -> WeightLocation:
-    """The location of ``ref``; an ``#e=N`` reference missing from the index is sliced from its bank."""
+    """The location of ``ref``; an ``#e=N`` reference missing from the index is sliced from its bank, and
+    ``ref@rows=A:B`` is rows [A, B) of ``ref``."""
     key = str(ref)
     entry = _get(index, key)
     if entry is not None:
         return as_location(entry)
+    if ROWS in key:
+        base, _, span = key.rpartition(ROWS)
+        a, _, b = span.partition(":")
+        if a.isdigit() and b.isdigit():
+            return row_range(lookup(index, base), int(a), int(b))
     try:
         wr = ref if isinstance(ref, WeightRef) else WeightRef.parse(key)
     except UaiiError as exc:

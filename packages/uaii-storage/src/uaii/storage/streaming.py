@@ -198,6 +198,17 @@ class StreamingStore:
             loc, f = self._locate(str(ref), check_staging=False)
         return round_up(max(f.window_bytes(loc.offset, loc.nbytes), 1), PAGE)
 
+    @property
+    def staging_capacity(self) -> int:
+        """Bytes of the staging pool."""
+        return int(self._staging.capacity)
+
+    def window_bytes(self, ref: Ref) -> int:
+        """Bytes of staging that reading ``ref`` takes (its read window, page-rounded)."""
+        with self._lock:
+            loc, f = self._locate(str(ref), check_staging=False)
+        return int(self._staging.extents.size_for(f.window_bytes(loc.offset, loc.nbytes)))
+
     def io_mode(self, path: str) -> str:
         """``"direct"`` when reads of ``path`` use O_DIRECT, else ``"buffered"`` (pread + DONTNEED)."""
         f = self._files.get(path)
