@@ -1,6 +1,39 @@
-"""uaii.backends — see packages/uaii-backends/README.md. Its public API grows here as the package is implemented."""
+"""uaii.backends — execution backends of UAII: the backend interface, the CPU backend, GPU device probes, the
+registry (entry-point group ``uaii.backends``) and the conformance suite (:mod:`uaii.backends.testing`).
+
+    from uaii.backends import get_backend, list_backends, select_device
+    cpu = get_backend("cpu")
+    exe = cpu.compile(graph, plan, store)          # store: anything with acquire(ref) -> np.ndarray
+    state = exe.new_state(4096)                     # KV cache for graphs with cached Attention
+    out = exe.run({"tokens": ids, "positions": pos}, state)
+"""
 
 from importlib.metadata import version as _version
 
+from uaii.backends.base import (
+    ArrayWeights,
+    Backend,
+    BackendBase,
+    BackendError,
+    BackendUnavailable,
+    Capabilities,
+    DeviceStatus,
+    Executable,
+    KVStateLike,
+    UnsupportedOpError,
+    WeightSource,
+    plan_graph,
+    weight_key,
+)
+from uaii.backends.cpu import CpuBackend, CpuExecutable, KVCacheFull, KVState
+from uaii.backends.gpu import CudaBackend, GpuProbeBackend, MetalBackend, RocmBackend, VulkanBackend, WebGpuBackend
+from uaii.backends.registry import ENTRY_POINT_GROUP, backend_names, get_backend, list_backends, select_device
+
 __version__ = _version("uaii-backends")
-__all__ = ["__version__"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "ArrayWeights", "Backend", "BackendBase", "BackendError", "BackendUnavailable",
+    "Capabilities", "CpuBackend", "CpuExecutable", "CudaBackend", "DeviceStatus", "Executable", "GpuProbeBackend",
+    "KVCacheFull", "KVState", "KVStateLike", "MetalBackend", "RocmBackend", "UnsupportedOpError", "VulkanBackend",
+    "WebGpuBackend", "WeightSource", "__version__", "backend_names", "get_backend", "list_backends",
+    "plan_graph", "select_device", "weight_key",
+]

@@ -1,0 +1,113 @@
+"""The CPU backend object: probe, capabilities, host memory, and ``compile`` into a :class:`CpuExecutable`."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from uaii.backends.base import (
+    BackendBase,
+    Capabilities,
+    DeviceStatus,
+    UnsupportedOpError,
+    WeightSource,
+    plan_graph,
+)
+from uaii.backends.config import cpu_gemm
+from uaii.backends.cpu.executable import GENERIC, CpuExecutable
+from uaii.backends.cpu.memory import node_infos
+from uaii.backends.cpu.ops_fast import FAST
+from uaii.ir import PLAIN_TYPES, Graph, Node
+from uaii.ir.plan import ExecutionPlan
+from uaii.kernels import DEQUANT_TYPES, best_isa, get_isa, get_num_threads, set_num_threads
+
+UNSUPPORTED: dict[str, str] = {}
+"""Registered ops the CPU backend deliberately does not run, with the reason (none today)."""
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class CpuBackend(BackendBase):
+    """Runs every op of the registry; the hot ones on the C kernels (see ops_fast.py)."""
+
+    name = "cpu"
+    kind = "cpu"
+
+    def probe(self) -> DeviceStatus:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return DeviceStatus(True, "", [f"cpu:0 {cpu_name()} ({cores} usable cores, kernels {best_isa()}, "
+                                       f"{get_num_threads()} threads)"])
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(activation_dtypes=frozenset(d.value for d in PLAIN_TYPES),
+                            weight_dtypes=frozenset(d.value for d in DEQUANT_TYPES | PLAIN_TYPES),
+                            ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED))
+
+    def set_threads(self, n: int | None) -> None:
+        """Threads of the kernel pool (None: the usable cores)."""
+        set_num_threads(n)
+
+    def info(self) -> dict[str, Any]:
+        return {"isa": get_isa(), "threads": get_num_threads()}
+
+    def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource, *, max_tokens: int = 0,
+                kv_state: bool = True, memory_reuse: bool = True, gemm: str | None = None,
+                streamed: Collection[str] = (), prefetch_order: Sequence[str] = (), expert_cache: Any = None,
+                chunk_bytes: int = 0, **_: Any) -> CpuExecutable:
+        """Bind ``graph`` for execution. ``max_tokens`` sizes the arena for prefill chunks (default: the plan's
+        ``max_tokens``, else 512); ``kv_state`` binds cached Attention nodes to a KVState (``new_state``).
+        ``gemm``: ``"fast"`` (int8 dot products for block-quantized weights) or ``"f32"`` (exact float dots);
+        default ``$UAII_CPU_GEMM`` or fast.
+        ``streamed``: weight references that are not bound at compile time but acquired from ``weights`` (a
+        streaming store) around the steps that read them, queued in execution order (see cpu/streaming.py);
+        ``expert_cache`` serves streamed MoE expert banks by expert; a streamed MatMul weight whose read window
+        exceeds ``chunk_bytes`` (one staging buffer) streams in chunks of rows.
+        With a plan, its steps are what runs: fused nodes (GroupedMatMul, AddRMSNorm, SwiGLU) in its order. The
+        arena offsets are this backend's own (see memory.py): its views and in-place steps share buffers that the
+        planner's arena keeps apart."""
+        if plan is not None:
+            graph = plan_graph(graph, plan)
+        problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
+        if problems:
+            raise UnsupportedOpError(self.name, problems)
+        infos = node_infos(graph)
+        tokens = max_tokens or (plan.arena.max_tokens if plan is not None else 0) or 512
+        exe = CpuExecutable(graph, infos, weights, max_tokens=tokens, kv_state=kv_state, memory_reuse=memory_reuse,
+                            gemm=gemm or cpu_gemm(), streamed=streamed, prefetch_order=prefetch_order,
+                            expert_cache=expert_cache, chunk_bytes=chunk_bytes)
+        shapes = _token_shapes(graph, exe, tokens)
+        if shapes is not None:
+            exe.prepare(shapes)
+        return exe
+
+    def unsupported_reason(self, node: Node) -> str | None:
+        if node.op in GENERIC or node.op in FAST:
+            return None
+        return UNSUPPORTED.get(node.op, f"op {node.op!r} is not implemented by the cpu backend")
+
+
+def _token_shapes(graph: Graph, exe: CpuExecutable, tokens: int) -> dict[str, tuple[int, ...]] | None:
+    """Feed shapes with every symbolic dim = ``tokens`` (a token-batched graph), or None for other graphs."""
+    tmap = graph.tensor_map
+    shapes = {}
+    for n in exe.input_names:
+        dims = tmap[n].shape
+        if any(isinstance(d, str) and d != "seq" for d in dims):
+            return None
+        shapes[n] = tuple(tokens if isinstance(d, str) else int(d) for d in dims)
+    return shapes
+
+
+__all__ = ["UNSUPPORTED", "CpuBackend"]

@@ -1,0 +1,157 @@
+"""What a lowering sees while binding one node: the arrays of its values for the current shapes, prepared weights,
+the KV state, and helpers for scratch buffers and index conversions.
+
+A *step* is a zero-argument callable that returns a falsy value on success (``None``, or a C kernel's status 0).
+Kernel steps are ``functools.partial`` objects over the cffi functions with every pointer and size resolved, so a
+decode step runs no Python frame for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from uaii.backends.base import BackendError
+from uaii.backends.cpu.memory import NodeInfo, VType
+from uaii.ir import DType
+from uaii.kernels import PackedWeight
+from uaii.kernels._native import ffi, lib
+
+if TYPE_CHECKING:
+    from uaii.backends.cpu.kv import KVState
+
+Step = Callable[[], Any]
+NULL = ffi.NULL
+BF16 = np.dtype(np.uint16)
+
+
+def fptr(a: np.ndarray) -> Any:
+    """A float* to the first element of a C-contiguous float32 array (a view of the arena, a weight, ...)."""
+    return ffi.cast("float *", ffi.from_buffer(a))
+
+
+def vptr(a: np.ndarray, ctype: str = "void *") -> Any:
+    return ffi.cast(ctype, ffi.from_buffer(a))
+
+
+def status_fail(what: str, rc: int) -> BackendError:
+    reason = {-1: "unsupported type", -2: "invalid arguments", -3: "out of memory", -4: "ISA not available"}
+    return BackendError(f"[backend] {what}: kernel status {rc} ({reason.get(rc, 'unknown')})")
+
+
+@dataclass
+class WeightData:
+    """A weight or constant as the store gave it: typed array for plain dtypes, raw uint8 for block types."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    raw: np.ndarray
+
+    def as_f32(self) -> np.ndarray:
+        """Float32 values (dequantized for block types; bf16 words widened)."""
+        if self.dtype.is_quantized:
+            from uaii.kernels import dequantize
+
+            n = int(np.prod(self.shape))
+            return dequantize(self.raw, self.dtype, n).reshape(self.shape)
+        return to_f32(self.raw, self.dtype)
+
+
+def to_f32(a: np.ndarray, dtype: DType) -> np.ndarray:
+    """Float32 values of a plain-typed array (bf16 travels as raw uint16 words)."""
+    if dtype is DType.BF16:
+        return (np.asarray(a, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return np.asarray(a, np.float32)
+
+
+def from_f32(y: np.ndarray, dtype: DType) -> np.ndarray:
+    """``y`` (float32 or wider) in ``dtype``; bf16 is rounded to nearest even, NaN kept quiet."""
+    if dtype is DType.BF16:
+        bits = np.ascontiguousarray(y, np.float32).view(np.uint32)
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        nan = np.isnan(np.asarray(y, np.float32))
+        return np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x40), rounded).astype(np.uint16)
+    return np.asarray(y).astype(dtype.numpy, copy=False)
+
+
+class Bind:
+    """Binding context for one shape key. ``arrays`` maps every value to its array for these shapes."""
+
+    def __init__(self, exe: Any, arrays: dict[str, np.ndarray], types: dict[str, VType],
+                 state: KVState | None) -> None:
+        self.exe = exe
+        self.arrays = arrays
+        self.types = types
+        self.state = state
+        self.prologue: list[Step] = []
+        self._converted: dict[tuple[str, str], np.ndarray] = {}
+        self.keep: list[Any] = []  # objects whose lifetime must cover the binding (pointer owners)
+
+    # --- values ------------------------------------------------------------------------------------------------
+    def a(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def dtype(self, name: str) -> DType:
+        return self.types[name].dtype
+
+    def is_weight(self, name: str) -> bool:
+        return name in self.exe.weight_names
+
+    def weight(self, name: str) -> WeightData:
+        return self.exe.weight(name)
+
+    def packed(self, name: str, transpose_b: bool = True) -> PackedWeight:
+        """The MatMul weight ``name`` as a packed [n, k] matrix (a transposed copy for [K, N] float weights)."""
+        return self.exe.packed(name, transpose_b)
+
+    def f32_weight(self, name: str) -> np.ndarray:
+        """A weight (or constant) as contiguous float32, converted once per compile."""
+        return self.exe.f32_weight(name)
+
+    def scratch(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        buf = np.empty(shape, dtype)
+        self.keep.append(buf)
+        return buf
+
+    def index_as(self, name: str, dtype: Any) -> np.ndarray:
+        """Value ``name`` converted to ``dtype`` (int32 positions, int64 ids), once per run by a prologue step."""
+        src = self.arrays[name]
+        want = np.dtype(dtype)
+        if src.dtype == want and src.flags.c_contiguous:
+            return src
+        key = (name, want.str)
+        if key not in self._converted:
+            dst = self.scratch(src.shape, want)
+            self._converted[key] = dst
+
+            def convert(src: np.ndarray = src, dst: np.ndarray = dst) -> None:
+                np.copyto(dst, src, casting="unsafe")
+
+            self.prologue.append(convert)
+        return self._converted[key]
+
+
+def kernel(fn: Any, *args: Any) -> Step:
+    """A step calling a C kernel with bound arguments (no Python frame when run)."""
+    from functools import partial
+
+    return partial(fn, *args)
+
+
+def numpy_step(fn: Callable[[], Any]) -> Step:
+    """Wrap a numpy computation so that it returns None (a step's success value)."""
+
+    def step() -> None:
+        fn()
+
+    return step
+
+
+Lowering = Callable[[Bind, NodeInfo], list[Step]]
+
+__all__ = ["BF16", "NULL", "Bind", "Lowering", "Step", "WeightData", "fptr", "from_f32", "kernel", "lib",
+           "numpy_step", "status_fail", "to_f32", "vptr"]

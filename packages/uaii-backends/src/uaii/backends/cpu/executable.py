@@ -1,0 +1,338 @@
+"""The CPU executable: weights prepared once, and per input-shape key a *binding* — the list of pre-bound steps over
+views of one arena — so that ``run`` is a copy of the feeds, a tight loop over the steps and nothing else.
+
+Bindings are cached by the shapes of the feeds (a decode step always hits the same one; a prefill chunk of
+``max_batch`` tokens another). Every binding carves its views from the same arena at the offsets planned for the
+largest shapes, so a smaller binding never needs more memory. Attention nodes whose caches are graph inputs and
+outputs are bound to a :class:`~uaii.backends.cpu.kv.KVState` instead (see kv.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from uaii.backends.base import BackendError, WeightSource, weight_key
+from uaii.backends.cpu.bind import Bind, Step, WeightData, status_fail, to_f32
+from uaii.backends.cpu.kv import KVState
+from uaii.backends.cpu.memory import Layout, NodeInfo, VType, infer_types, nbytes_of, plan_layout
+from uaii.backends.cpu.ops_extra import EXTRA
+from uaii.backends.cpu.ops_fast import FAST
+from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
+from uaii.backends.cpu.streaming import StreamingWeights
+from uaii.ir import Graph, Tensor
+from uaii.kernels import PackedWeight
+
+GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA}
+MAX_BINDINGS = 8
+GEMM_MODES = {"fast": 0, "f32": 1}
+"""``fast``: the kernels' fastest path per weight type (int8 dot products on 8-bit quantized activations for block
+types, as llama.cpp); ``f32``: weights dequantized row by row and float32 dot products (exact, slower)."""
+
+
+@dataclass
+class Binding:
+    steps: list[Step]
+    names: list[str]  # node of each step, for error messages
+    feeds: list[tuple[str, np.ndarray]]
+    outputs: dict[str, np.ndarray]
+    state: KVState | None
+    n_new: int  # tokens this run adds to the KV state
+
+
+class CpuExecutable:
+    """A graph compiled for the CPU backend. See the module docstring."""
+
+    def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, *, max_tokens: int = 512,
+                 kv_state: bool = True, memory_reuse: bool = True, gemm: str = "fast",
+                 streamed: Collection[str] = (), prefetch_order: Sequence[str] = (),
+                 expert_cache: Any = None, chunk_bytes: int = 0) -> None:
+        if gemm not in GEMM_MODES:
+            raise BackendError(f"[backend] gemm must be one of {', '.join(GEMM_MODES)}, found {gemm!r}")
+        self.gemm_mode = GEMM_MODES[gemm]
+        self.graph = graph
+        self.infos = infos
+        self.max_tokens = max(int(max_tokens), 1)
+        self.memory_reuse = memory_reuse
+        self._source = weights
+        self.weight_names = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
+        self._weights: dict[str, WeightData] = {}
+        self._cache: dict[Any, Any] = {}
+        self._extra_refs: list[str] = []
+        self.kv_layer: dict[str, int] = {}
+        self.kv_dims: list[tuple[int, int, int]] = []
+        self.stateful: set[str] = set()
+        if kv_state:
+            self._find_kv()
+        self.input_names = tuple(n for n in graph.inputs if n not in self.stateful)
+        self.output_names = tuple(n for n in graph.outputs if n not in self.stateful)
+        self._layout: Layout | None = None
+        self._arena = np.empty(0, np.uint8)
+        self._bindings: dict[Any, Binding] = {}
+        self.closed = False
+        self._banks = {n for i in infos if i.node.op.startswith("MoEExperts") for n in i.node.inputs[3:6]}
+        self.streaming = StreamingWeights(self, streamed, prefetch_order, expert_cache,
+                                          chunk_bytes) if streamed else None
+        eager = self.weight_names - self._banks - (self.streaming.names if self.streaming else set())
+        for name in sorted(eager):  # banks may be separate per-expert tensors: see _Bank
+            self.weight(name)
+
+    # --- compile-time analysis -----------------------------------------------------------------------------
+    def _find_kv(self) -> None:
+        g, tmap = self.graph, self.graph.tensor_map
+        for info in self.infos:
+            node = info.node
+            if node.op != "Attention" or len(node.inputs) < 5 or not node.inputs[3]:
+                continue
+            pk, pv = node.inputs[3], node.inputs[4]
+            outs = [*node.outputs, "", ""]
+            nk, nv = outs[1], outs[2]
+            if pk not in g.inputs or pv not in g.inputs or any(o and o not in g.outputs for o in (nk, nv)):
+                continue
+            if len(node.inputs) > 5 and node.inputs[5]:
+                continue  # a masked attention stays functional
+            k_shape, v_shape = tmap[pk].shape, tmap[pv].shape
+            if len(k_shape) != 3 or not all(isinstance(d, int) for d in (*k_shape[1:], v_shape[-1])):
+                continue
+            self.kv_layer[node.name] = len(self.kv_dims)
+            self.kv_dims.append((int(k_shape[1]), int(k_shape[2]), int(v_shape[2])))
+            self.stateful.update(x for x in (pk, pv, nk, nv) if x)
+
+    @property
+    def has_kv(self) -> bool:
+        return bool(self.kv_dims)
+
+    def new_state(self, capacity: int, *, window: int = 0, sinks: int = 4, dtype: str = "f32") -> KVState:
+        """A fresh KV cache for this graph: ``capacity`` tokens (``window + sinks`` slots when windowed)."""
+        slots = window + sinks if window else capacity
+        return KVState(self.kv_dims, slots, dtype=dtype, window=window, sinks=sinks, max_tokens=max(slots, 1))
+
+    # --- weights -------------------------------------------------------------------------------------------
+    def weight(self, name: str) -> WeightData:
+        w = self._weights.get(name)
+        if w is None and self.streaming is not None and name in self.streaming.names:
+            return self.streaming.live_weight(name)
+        if w is None:
+            t = self.graph.tensor(name)
+            raw = _tensor_bytes(t, self._source)
+            w = self._weights[name] = WeightData(name, t.dtype, tuple(int(d) for d in t.shape), raw)
+        return w
+
+    def acquire(self, ref: str) -> np.ndarray:
+        """Raw bytes of any reference of the weight source (an expert slice ``#e=N``), released on close."""
+        arr = np.asarray(self._source.acquire(ref))
+        self._extra_refs.append(ref)
+        return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+    def cached(self, key: Any, make: Callable[[], Any]) -> Any:
+        if self.streaming is not None and len(key) > 1 and key[1] in self.streaming.names:
+            return make()  # a streamed weight's data lives in a staging extent: never cache it by name
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def packed(self, name: str, transpose_b: bool = True) -> PackedWeight:
+        def make() -> PackedWeight:
+            w = self.weight(name)
+            if transpose_b:
+                return PackedWeight.from_raw(w.raw, w.dtype, (w.shape[0], w.shape[1]))
+            return PackedWeight.from_array(np.ascontiguousarray(to_f32(w.raw, w.dtype).reshape(w.shape).T))
+        return self.cached(("packed", name, transpose_b), make)
+
+    def f32_weight(self, name: str) -> np.ndarray:
+        return self.cached(("f32", name), lambda: np.ascontiguousarray(self.weight(name).as_f32(), np.float32))
+
+    # --- binding -------------------------------------------------------------------------------------------
+    def feed_types(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, VType]:
+        tmap = self.graph.tensor_map
+        types = {n: VType(tmap[n].dtype, tuple(shapes[n])) for n in self.input_names}
+        for info in self.infos:
+            layer = self.kv_layer.get(info.node.name)
+            if layer is not None:
+                h, dk, dv = self.kv_dims[layer]
+                types[info.node.inputs[3]] = VType(tmap[info.node.inputs[3]].dtype, (0, h, dk))
+                types[info.node.inputs[4]] = VType(tmap[info.node.inputs[4]].dtype, (0, h, dv))
+        return types
+
+    def prepare(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Plan the arena for the largest feed shapes a run will see (e.g. ``max_tokens`` tokens)."""
+        types = infer_types(self.graph, self.infos, self.feed_types(shapes))
+        self._relayout(types)
+
+    def _relayout(self, types: dict[str, VType]) -> None:
+        self._layout = plan_layout(self.graph, self.infos, types, self.input_names, self.stateful,
+                                   self.memory_reuse)
+        self._arena = np.zeros(self._layout.size + 64, np.uint8)  # zeroed lazily by the OS
+        self._bindings.clear()
+
+    @property
+    def arena_bytes(self) -> int:
+        return int(self._arena.nbytes)
+
+    def _bind(self, shapes: dict[str, tuple[int, ...]], state: KVState | None) -> Binding:
+        types = infer_types(self.graph, self.infos, self.feed_types(shapes))
+        if self._layout is None or not self._layout.fits(types):
+            self._relayout(types)
+        assert self._layout is not None
+        arrays = self._arrays(types, self._layout)
+        b = Bind(self, arrays, types, state)
+        steps: list[Step] = []
+        names: list[str] = []
+        n_new = 0
+        for info in self.infos:
+            node = info.node
+            if node.outputs and node.outputs[0] in self._layout.views:
+                continue
+            if node.name in self.kv_layer:
+                n_new = types[node.inputs[0]].shape[0]
+            got = self.streaming.lower(b, info) if self.streaming is not None else None
+            if got is None:
+                got = lower_node(b, info)
+            steps += got
+            names += [node.name] * len(got)
+        steps = b.prologue + steps
+        names = ["(feeds)"] * len(b.prologue) + names
+        feeds = [(n, arrays[n]) for n in self.input_names]
+        outputs = {n: arrays[n] for n in self.output_names}
+        binding = Binding(steps, names, feeds, outputs, state, n_new)
+        binding.keep = b.keep  # type: ignore[attr-defined]  # scratch buffers live as long as the binding
+        return binding
+
+    def _arrays(self, types: dict[str, VType], layout: Layout) -> dict[str, np.ndarray]:
+        arrays: dict[str, np.ndarray] = {}
+        streamed = self.streaming.names if self.streaming is not None else set()
+        for name in self.weight_names - self._banks - streamed:  # streamed weights: see StreamingWeights.lower_with
+            w = self.weight(name)
+            arrays[name] = w.raw if w.dtype.is_quantized else w.raw.reshape(w.shape)
+        for v, owner in layout.root.items():
+            if v in layout.views or owner not in layout.offset:
+                continue
+            arrays[v] = _carve(self._arena, layout.offset[owner], types[v])
+        for s in self.stateful:
+            t = types.get(s)
+            if t is not None and s in self.graph.inputs:
+                arrays[s] = np.empty(t.shape, t.dtype.numpy)
+        for info in self.infos:  # views, in node order so that chains resolve
+            out = info.node.outputs[0] if info.node.outputs else ""
+            if out in layout.views:
+                arrays[out] = _view(info, arrays[layout.views[out]], types[layout.views[out]], types[out])
+        return arrays
+
+    # --- running -------------------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray], state: KVState | None = None) -> dict[str, np.ndarray]:
+        """Run once. Outputs are views of the executable's buffers, valid until the next run."""
+        try:
+            key = tuple(np.shape(feeds[n]) for n in self.input_names)
+        except KeyError as exc:
+            raise BackendError(f"[backend] missing input {exc.args[0]!r}; the graph takes "
+                               f"{', '.join(self.input_names)}") from None
+        if self.kv_dims and state is None:
+            raise BackendError("[backend] this graph keeps a KV cache: pass a state from new_state()")
+        binding = self._bindings.get(key)
+        if binding is None or binding.state is not state:
+            if self.closed:
+                raise BackendError("[backend] the executable is closed")
+            if len(self._bindings) >= MAX_BINDINGS:
+                self._bindings.pop(next(iter(self._bindings)))
+            binding = self._bindings[key] = self._bind(dict(zip(self.input_names, key, strict=True)), state)
+        for name, dst in binding.feeds:
+            np.copyto(dst, feeds[name], casting="unsafe")
+        n = binding.n_new
+        if state is not None and n:
+            state.prepare(n)
+        if self.streaming is not None:
+            self.streaming.start()
+        for f in binding.steps:
+            if f():
+                self._fail(binding, f)
+        if self.streaming is not None:
+            self.streaming.start()  # wrap around: the next run's first weights are read while the caller samples
+        if state is not None and n:
+            state.advance(n)
+        return dict(binding.outputs)
+
+    def _fail(self, binding: Binding, step: Step) -> None:
+        i = binding.steps.index(step)
+        rc = step()
+        raise status_fail(f"node {binding.names[i]!r}", int(rc) if isinstance(rc, int) else -99)
+
+    def steps_for(self, shapes: Mapping[str, tuple[int, ...]], state: KVState | None = None) -> int:
+        """How many steps a run with these feed shapes executes (views cost none)."""
+        key = tuple(tuple(shapes[n]) for n in self.input_names)
+        if key not in self._bindings:
+            self._bindings[key] = self._bind({n: tuple(shapes[n]) for n in self.input_names}, state)
+        return len(self._bindings[key].steps)
+
+    def close(self) -> None:
+        if self.streaming is not None:
+            self.streaming.close()
+        self._bindings.clear()
+        self._cache.clear()
+        for name, w in self._weights.items():
+            t = self.graph.tensor(name)
+            if not t.is_constant:
+                with contextlib.suppress(Exception):  # best effort: the store may already be closed
+                    self._source.release(weight_key(t))
+            del w
+        for ref in self._extra_refs:
+            with contextlib.suppress(Exception):
+                self._source.release(ref)
+        self._weights.clear()
+        self._arena = np.empty(0, np.uint8)
+        self.closed = True
+
+
+def lower_node(b: Bind, info: NodeInfo) -> list[Step]:
+    """The steps of one node: the kernel lowering when it fits, else the generic (numpy) one."""
+    fast = FAST.get(info.node.op)
+    got = fast(b, info) if fast is not None else None
+    if got is None:
+        got = GENERIC[info.node.op](b, info)
+    return got
+
+
+def _tensor_bytes(t: Tensor, source: WeightSource) -> np.ndarray:
+    """A weight's or constant's data as the kernels want it: typed array, or flat uint8 for block types."""
+    if t.is_constant:
+        assert t.data is not None
+        raw = np.frombuffer(t.data, np.uint8)
+        return raw if t.dtype.is_quantized else raw.view(t.dtype.numpy).reshape([int(d) for d in t.shape])
+    return weight_array(t, source.acquire(weight_key(t)))
+
+
+def weight_array(t: Tensor, data: Any) -> np.ndarray:
+    """``data`` (what a store returned for ``t``) as the kernels want it, without a copy where it is already so."""
+    arr = np.asarray(data)
+    if t.dtype.is_quantized:
+        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        need = t.dtype.nbytes(int(np.prod([int(d) for d in t.shape])))
+        if flat.size != need:
+            raise BackendError(f"[backend] weight {t.name!r}: {flat.size} bytes, a {t.dtype.value} tensor of shape "
+                               f"{list(t.shape)} needs {need}")
+        return flat
+    want = t.dtype.numpy
+    if arr.dtype == np.uint8 and want != np.uint8:
+        arr = arr.reshape(-1).view(want)
+    return np.ascontiguousarray(arr, dtype=want).reshape([int(d) for d in t.shape])
+
+
+def _carve(arena: np.ndarray, offset: int, t: VType) -> np.ndarray:
+    nbytes = nbytes_of(t)
+    base = (-arena.ctypes.data) % 64
+    raw = arena[base + offset: base + offset + nbytes]
+    return raw if t.dtype.is_quantized else raw.view(t.dtype.numpy).reshape(t.shape)
+
+
+def _view(info: NodeInfo, src: np.ndarray, src_t: VType, out_t: VType) -> np.ndarray:
+    if out_t.dtype.is_quantized:
+        return src
+    if info.node.op == "Slice":
+        return src[slice_index(info, src_t.shape)].reshape(out_t.shape)
+    return src.reshape(out_t.shape)
+
+
+__all__ = ["Binding", "CpuExecutable", "lower_node", "weight_array"]

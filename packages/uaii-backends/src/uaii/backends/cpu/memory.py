@@ -1,0 +1,283 @@
+"""Static analysis of a graph for the CPU executor: concrete shapes, views, in-place reuse and the arena layout.
+
+``analyze`` walks the nodes once with concrete input shapes (the schemas' own shape functions do the inference),
+decides which outputs are free views of an input (Reshape, Identity, leading-axis Slice/Split), which may reuse an
+input's buffer in place (the schema's ``inplace`` pairs, when the input dies at that node), and places every other
+buffer in one arena by liveness (first fit, 64-byte aligned). Bindings for smaller shapes (fewer tokens) reuse the
+same offsets: every buffer shrinks, none moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from uaii.backends.base import BackendError
+from uaii.ir import DType, Graph, Node
+from uaii.ir.ops import InferCtx, InferError, OpSchema, TensorType
+from uaii.ir.registry import Registry, default_registry
+from uaii.ir.shapes import ShapeError
+
+ALIGN = 64
+END = 1 << 62  # "live until the end of the run" (graph outputs)
+
+
+class VType(NamedTuple):
+    """A value's concrete type: dtype and int shape (what the shape functions inferred for one binding)."""
+
+    dtype: DType
+    shape: tuple[int, ...]
+
+
+@dataclass
+class NodeInfo:
+    """A node with its schema and resolved attributes (defaults filled in), computed once per compile."""
+
+    index: int
+    node: Node
+    schema: OpSchema
+    attrs: dict[str, Any]
+    consts: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def node_infos(graph: Graph, registry: Registry | None = None) -> list[NodeInfo]:
+    """The nodes in a topological order (the graph's own order when it is one), with schemas and attributes."""
+    reg = registry or default_registry()
+    tmap = graph.tensor_map
+    out = []
+    for i, node in enumerate(topological(graph)):
+        schema = reg.get(node.op, node.version)
+        attrs, problems = schema.resolve_attrs(node)
+        if problems:
+            raise BackendError(f"[backend] node {node.name!r} ({node.op}): {problems[0][1]}")
+        consts = {}
+        for slot, name in enumerate(node.inputs):
+            t = tmap.get(name) if name else None
+            if t is not None and t.is_constant and not t.dtype.is_quantized:
+                consts[slot] = t.numpy()
+        out.append(NodeInfo(i, node, schema, attrs, consts))
+    return out
+
+
+def topological(graph: Graph) -> list[Node]:
+    """Kahn's order, stable: a node comes as early as its inputs allow, ties in graph order."""
+    producer = graph.producers()
+    pending: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    for i, n in enumerate(graph.nodes):
+        deps = {index[id(producer[x])] for x in n.inputs if x and x in producer}
+        pending[i] = len(deps)
+        for d in deps:
+            users.setdefault(d, []).append(i)
+    ready = sorted(i for i, c in pending.items() if c == 0)
+    order: list[int] = []
+    import heapq
+
+    heapq.heapify(ready)
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(graph.nodes):
+        raise BackendError(f"[backend] graph {graph.name!r} has a cycle")
+    return [graph.nodes[i] for i in order]
+
+
+# --- concrete shapes ---------------------------------------------------------------------------------------
+def infer_types(graph: Graph, infos: Sequence[NodeInfo], inputs: Mapping[str, VType]) -> dict[str, VType]:
+    """Concrete dtype and shape of every value, from the input types (weights and constants as declared)."""
+    types: dict[str, VType] = {}
+    for t in graph.tensors:
+        if t.is_weight or t.is_constant:
+            types[t.name] = VType(t.dtype, tuple(int(d) for d in t.shape))
+    types.update(inputs)
+    tmap = graph.tensor_map
+    for info in infos:
+        node = info.node
+        ins = [TensorType(*types[n]) if n else None for n in node.inputs]
+        ctx = InferCtx(node, info.schema, ins, info.attrs, info.consts)
+        try:
+            shapes = list(info.schema.infer(ctx)) if info.schema.infer is not None else []
+            dtypes = list(info.schema.dtypes(ctx)) if info.schema.dtypes is not None else []
+        except (InferError, ShapeError) as exc:
+            raise BackendError(f"[backend] node {node.name!r} ({node.op}): {exc}") from None
+        for slot, name in enumerate(node.outputs):
+            if not name:
+                continue
+            shape = shapes[slot] if slot < len(shapes) else None
+            if shape is None or any(not isinstance(d, int) for d in shape):
+                raise BackendError(f"[backend] node {node.name!r} ({node.op}): output {name!r} has no concrete "
+                                   f"shape for inputs {[list(t.shape) for t in ins if t]} (got {shape})")
+            decl = tmap.get(name)
+            dt = (dtypes[slot] if slot < len(dtypes) else None) or (decl.dtype if decl else None)
+            if dt is None:
+                dt = _bound_dtype(info.schema, slot, ins)
+            types[name] = VType(dt, tuple(int(d) for d in shape))
+    return types
+
+
+def _bound_dtype(schema: OpSchema, slot: int, ins: Sequence[TensorType | None]) -> DType:
+    p = schema.param_at(schema.outputs, slot)
+    if p is not None and not isinstance(p.types, str) and len(p.types) == 1:
+        return next(iter(p.types))
+    for k, t in enumerate(ins):
+        q = schema.param_at(schema.inputs, k)
+        if t is not None and q is not None and p is not None and q.types == p.types:
+            return t.dtype
+    return DType.F32
+
+
+def nbytes_of(t: VType) -> int:
+    return t.dtype.nbytes(int(np.prod(t.shape, dtype=np.int64)))
+
+
+# --- views --------------------------------------------------------------------------------------------------
+def view_source(info: NodeInfo, types: Mapping[str, VType]) -> str | None:
+    """The input an op's (single) output is a free view of, or None when the op must compute: Reshape and Identity
+    always, Transpose when only unit axes move, Slice when it cuts one contiguous range."""
+    op, node = info.node.op, info.node
+    if op in ("Reshape", "Identity"):
+        return node.inputs[0]
+    if op == "Transpose":
+        shape = types[node.inputs[0]].shape
+        perm = info.attrs.get("perm") or tuple(range(len(shape)))[::-1]
+        moved = [a for a in perm if shape[a] != 1]
+        return node.inputs[0] if moved == sorted(moved) else None  # only unit axes move: same memory order
+    if op == "Slice" and not types[node.inputs[0]].dtype.is_quantized:
+        return node.inputs[0] if _leading_slice(info, types[node.inputs[0]].shape) else None
+    return None
+
+
+def _leading_slice(info: NodeInfo, shape: tuple[int, ...]) -> bool:
+    """A Slice whose result is one contiguous range: only the outermost non-unit axis is cut, with step 1."""
+    starts, ends = info.attrs["starts"], info.attrs["ends"]
+    axes = info.attrs.get("axes") or tuple(range(len(starts)))
+    steps = info.attrs.get("steps") or (1,) * len(starts)
+    cut = []
+    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
+        a = a + len(shape) if a < 0 else a
+        if len(range(*slice(s, e, st).indices(shape[a]))) != shape[a]:
+            if st != 1:
+                return False
+            cut.append(a)
+    if not cut:
+        return True
+    return len(cut) == 1 and all(shape[d] == 1 for d in range(cut[0]))
+
+
+# --- arena layout ---------------------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    """Buffer placement: ``root[value]`` is the value whose buffer it lives in (itself for an owner), ``offset``
+    and ``nbytes`` are per owner; ``size`` is the arena size in bytes."""
+
+    types: dict[str, VType]
+    root: dict[str, str]
+    views: dict[str, str]  # value -> the input it is a view of
+    offset: dict[str, int]
+    nbytes: dict[str, int]
+    size: int
+
+    def fits(self, types: Mapping[str, VType]) -> bool:
+        """Whether bindings for ``types`` fit in this layout (no owner grows)."""
+        for v, owner in self.root.items():
+            if v == owner and v in self.offset and nbytes_of(types[v]) > self.nbytes[v]:
+                return False
+        return True
+
+
+def plan_layout(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], feeds: Sequence[str],
+                stateful: set[str], reuse: bool = True) -> Layout:
+    """Place every feed and computed value in one arena. ``stateful`` values live elsewhere (the KV state)."""
+    fixed = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
+    root: dict[str, str] = {}
+    views: dict[str, str] = {}
+    for f in feeds:
+        root[f] = f
+    last: dict[str, int] = {}
+    for info in infos:
+        for name in info.node.inputs:
+            if name:
+                last[name] = info.index
+    for name in graph.outputs:
+        last[name] = END
+    born: dict[str, int] = dict.fromkeys(feeds, -1)
+    for info in infos:
+        node = info.node
+        src = view_source(info, types)
+        for slot, name in enumerate(node.outputs):
+            if not name or name in stateful:
+                continue
+            if src is not None and slot == 0 and src not in stateful:
+                views[name] = src
+                root[name] = root.get(src, src)
+                continue
+            target = _inplace_target(info, slot, types, root, last, fixed, graph) if reuse else None
+            if target is not None:
+                root[name] = root[target]
+            else:
+                root[name] = name
+                born[name] = info.index
+    # an owner lives until the last use of any value sharing its buffer
+    end: dict[str, int] = {}
+    for v, owner in root.items():
+        end[owner] = max(end.get(owner, -1), last.get(v, born.get(owner, 0)))
+    offset, nbytes, size = _first_fit(born, end, {o: nbytes_of(types[o]) for o in born}, reuse)
+    return Layout(types, root, views, offset, nbytes, size)
+
+
+def _inplace_target(info: NodeInfo, slot: int, types: Mapping[str, VType], root: Mapping[str, str],
+                    last: Mapping[str, int], fixed: set[str], graph: Graph) -> str | None:
+    """An input whose buffer output ``slot`` may take over: the schema allows it, the input is computed (not a
+    feed, weight or constant), nothing reads its buffer after this node, and the sizes match."""
+    out = info.node.outputs[slot]
+    for in_slot, out_slot in info.schema.inplace:
+        if out_slot != slot or in_slot >= len(info.node.inputs):
+            continue
+        name = info.node.inputs[in_slot]
+        if not name or name in fixed or name in graph.inputs or name not in root:
+            continue
+        owner = root[name]
+        if owner in graph.inputs or owner in fixed:
+            continue
+        sharing = [v for v, o in root.items() if o == owner]
+        if any(last.get(v, -1) > info.index for v in sharing):
+            continue
+        others = [x for j, x in enumerate(info.node.inputs) if j != in_slot and x]
+        if any(root.get(x) == owner for x in others):
+            continue
+        if types[name].dtype is types[out].dtype and nbytes_of(types[name]) == nbytes_of(types[out]):
+            return name
+    return None
+
+
+def _first_fit(born: Mapping[str, int], end: Mapping[str, int], size: Mapping[str, int],
+               reuse: bool) -> tuple[dict[str, int], dict[str, int], int]:
+    offset: dict[str, int] = {}
+    live: list[tuple[int, int, int]] = []  # (offset, end offset, last use)
+    top = 0
+    for name in sorted(born, key=lambda n: (born[n], n)):
+        t = born[name]
+        if reuse:
+            live = [x for x in live if x[2] >= t]
+        need = (size[name] + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        pos = 0
+        for lo, hi, _ in sorted(live):
+            if pos + need <= lo:
+                break
+            pos = max(pos, hi)
+        offset[name] = pos
+        live.append((pos, pos + need, end[name]))
+        top = max(top, pos + need)
+    return offset, dict(size), top
+
+
+__all__ = ["ALIGN", "Layout", "NodeInfo", "VType", "infer_types", "nbytes_of", "node_infos", "plan_layout",
+           "topological", "view_source"]

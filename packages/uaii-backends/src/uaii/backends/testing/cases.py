@@ -1,0 +1,140 @@
+"""The conformance cases: for every op of the registry, small graphs with random inputs and a stated tolerance.
+
+A :class:`Case` is a one-node graph (plus, for the cached attention, a sequence of runs). Shapes cover a decode
+step (one row) and a prefill batch; MatMul, GroupedMatMul, Embedding and the expert banks also run with
+block-quantized weights, which the backend must keep packed while the reference sees them dequantized.
+
+Tolerances are on the normalized error ``max|y - ref| / max(max|ref|, 1e-6)`` — float32 ops within ``F32``; f16 and
+bf16 outputs within their rounding; products with quantized weights within ``Q8_ACT`` (the integer GEMM path
+quantizes activations to 8 bits). Integer and boolean outputs must match exactly.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from uaii.ir import DType, Graph, Node, Tensor, attr, check, make_graph
+from uaii.kernels import dequantize, quantize
+
+F32 = 2e-5
+LOW = 1e-2  # f16 / bf16 outputs
+Q8_ACT = 3e-2
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance case. ``weights`` are what a store hands the backend (block types as raw bytes);
+    ``ref_weights`` what the reference evaluator takes (block types dequantized). ``runs`` > 1 feeds
+    ``feeds_seq`` one after another through a KV state."""
+
+    op: str
+    name: str
+    graph: Graph
+    feeds: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    ref_weights: dict[str, np.ndarray] = field(default_factory=dict)
+    tol: float = F32
+    feeds_seq: tuple[dict[str, np.ndarray], ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}/{self.name}"
+
+
+def _rng(name: str) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(name.encode()))
+
+
+def _values(rng: np.random.Generator, dtype: DType, shape: Sequence[int], low: float = -2.0,
+            high: float = 2.0) -> np.ndarray:
+    if dtype.is_integer:
+        return rng.integers(-20, 20, size=shape).astype(dtype.numpy)
+    x = rng.uniform(low, high, size=shape)
+    if dtype is DType.BF16:
+        from uaii.backends.cpu.bind import from_f32
+
+        return from_f32(x.astype(np.float32), DType.BF16)
+    return x.astype(dtype.numpy)
+
+
+class Builder:
+    """Declares a one-node graph: inputs (fed), weights (supplied by a store) and constants (inline)."""
+
+    def __init__(self, op: str, name: str) -> None:
+        self.op, self.name = op, name
+        self.rng = _rng(f"{op}/{name}")
+        self.tensors: list[Tensor] = []
+        self.inputs: list[str] = []
+        self.feeds: dict[str, np.ndarray] = {}
+        self.weights: dict[str, np.ndarray] = {}
+        self.ref_weights: dict[str, np.ndarray] = {}
+
+    def input(self, name: str, dtype: DType | str, shape: Sequence[int], value: np.ndarray | None = None,
+              decl: Sequence[Any] | None = None, **kw: Any) -> str:
+        dt = DType.parse(dtype)
+        arr = value if value is not None else _values(self.rng, dt, shape, **kw)
+        self.tensors.append(Tensor(name, dt, tuple(decl if decl is not None else arr.shape)))
+        self.inputs.append(name)
+        self.feeds[name] = arr
+        return name
+
+    def weight(self, name: str, dtype: DType | str, shape: Sequence[int], value: np.ndarray | None = None,
+               **kw: Any) -> str:
+        dt = DType.parse(dtype)
+        if dt.is_quantized:
+            f = value if value is not None else self.rng.uniform(-1, 1, size=shape).astype(np.float32)
+            raw = quantize(f, dt)
+            self.weights[name] = raw
+            self.ref_weights[name] = dequantize(raw, dt, f.size).reshape(shape)
+        else:
+            arr = value if value is not None else _values(self.rng, dt, shape, **kw)
+            self.weights[name] = self.ref_weights[name] = arr
+        self.tensors.append(Tensor(name, dt, tuple(shape), is_weight=True))
+        return name
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.tensors.append(Tensor.constant(name, array))
+        return name
+
+    def case(self, ins: Sequence[str], outs: Sequence[tuple[str, DType | str, Sequence[Any]]],
+             tol: float = F32, op: str | None = None, params: dict[str, Any] | None = None, **attrs: Any) -> Case:
+        for name, dt, shape in outs:
+            if name:
+                self.tensors.append(Tensor(name, DType.parse(dt), tuple(shape)))
+        node = Node(f"{self.name}/{op or self.op}", op or self.op, tuple(ins), tuple(o[0] for o in outs),
+                    tuple((k, attr(v)) for k, v in {**(params or {}), **attrs}.items()))
+        graph = make_graph(f"conformance.{self.op}.{self.name}", [node], self.tensors, self.inputs,
+                           [o[0] for o in outs if o[0]])
+        check(graph)
+        return Case(self.op, self.name, graph, self.feeds, self.weights, self.ref_weights, tol)
+
+
+def unary_case(op: str, name: str, dtype: str, shape: Sequence[int], low: float = -3.0, tol: float = F32,
+               **attrs: Any) -> Case:
+    b = Builder(op, name)
+    x = b.input("x", dtype, shape, low=low, high=3.0)
+    return b.case([x], [("y", dtype, shape)], tol, **attrs)
+
+
+def binary_case(op: str, name: str, dtype: str, sa: Sequence[int], sb: Sequence[int], tol: float = F32,
+                weight_b: bool = False) -> Case:
+    b = Builder(op, name)
+    a = b.input("a", dtype, sa)
+    if weight_b:
+        c = b.weight("b", dtype, sb)
+    else:
+        vals = _values(b.rng, DType.parse(dtype), sb)
+        if op == "Div":
+            vals = np.where(vals == 0, 3, vals).astype(vals.dtype) if DType.parse(dtype).is_integer else \
+                np.where(np.abs(vals) < 0.25, 0.5, vals).astype(vals.dtype)
+        c = b.input("b", dtype, sb, value=vals)
+    out = tuple(np.broadcast_shapes(tuple(sa), tuple(sb)))
+    return b.case([a, c], [("y", dtype, out)], tol)
+
+
+__all__ = ["F32", "LOW", "Q8_ACT", "Builder", "Case", "binary_case", "unary_case"]
