@@ -1,0 +1,132 @@
+"""``uaii chat``: an interactive conversation with the model's chat template and history.
+
+Commands at the prompt: ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) leaves, ``/help`` lists them.
+Ctrl-C while the model answers stops that answer and keeps what was written of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any
+
+from . import report
+from .context import CliError, Context, add_model_argument, add_runtime_options, model_path, runtime_options
+from .generate import add_sampling_options, chat_prompt, sampling_params
+
+HELP = "/reset forgets the conversation · /exit or Ctrl-D leaves · /stats shows the last answer's stats · /help"
+
+
+def add_parsers(sub: Any) -> None:
+    ap = sub.add_parser("chat", help="interactive chat with the model's template and history",
+                        description="Interactive chat. " + HELP)
+    add_model_argument(ap)
+    ap.add_argument("--system", metavar="TEXT", default=None, help="system message at the start of the conversation")
+    ap.add_argument("-n", "--max-tokens", type=int, default=512, metavar="N", help="tokens per answer at most (512)")
+    ap.add_argument("--stats", action="store_true", help="print the stats line after every answer")
+    add_sampling_options(ap)
+    add_runtime_options(ap)
+    ap.set_defaults(func=cmd_chat)
+
+
+class ChatLoop:
+    """The conversation state: messages so far, and the session that answers."""
+
+    def __init__(self, session: Any, ctx: Context, *, system: str | None, gen: dict[str, Any],
+                 show_stats: bool, preset: Any = None) -> None:
+        self.session = session
+        self.ctx = ctx
+        self.system = system
+        self.gen = gen
+        self.show_stats = show_stats
+        self.preset = preset
+        self.messages: list[dict[str, str]] = []
+        self.last: Any = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        if hasattr(self.session, "reset"):
+            self.session.reset()  # empty the KV cache too (a continued conversation reuses it)
+
+    def command(self, line: str) -> bool:
+        """Handle a /command; False means leave."""
+        name = line.split()[0].lower()
+        if name in ("/exit", "/quit", "/bye"):
+            return False
+        if name == "/reset":
+            self.reset()
+            self.ctx.note("(conversation reset)")
+        elif name == "/stats":
+            self.ctx.note(report.stats_line(self.last.stats, self.preset) if self.last else "(no answer yet)")
+        else:
+            self.ctx.note(HELP)
+        return True
+
+    def answer(self, text: str) -> None:
+        self.messages.append({"role": "user", "content": text})
+        prompt = chat_prompt(self.session, self.messages)
+        pieces: list[str] = []
+        try:
+            for piece in self.session.stream(prompt, add_special=False, **self.gen):
+                pieces.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            self.ctx.note("\n(interrupted)")
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        result = getattr(self.session, "last_result", None)
+        reply = result.text if result is not None and result.text else "".join(pieces)
+        self.messages.append({"role": "assistant", "content": reply.strip()})
+        self.last = result
+        if self.show_stats and result is not None:
+            self.ctx.note(report.stats_line(result.stats, self.preset, result.finish_reason))
+
+
+def read_line(prompt: str) -> str | None:
+    """One line from the user; None at end of input. The prompt goes to stderr so stdout holds only answers."""
+    if sys.stdin.isatty():
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401  (line editing and history for input())
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    return None if line == "" else line.rstrip("\n")
+
+
+def cmd_chat(args: argparse.Namespace, ctx: Context) -> int:
+    path = model_path(args.model)
+    if args.max_tokens < 1:
+        raise CliError(f"-n must be >= 1, found {args.max_tokens}")
+    params = sampling_params(args, ctx)
+    preset, options = runtime_options(args)
+    session = ctx.open_session(path, **options)
+    try:
+        loop = ChatLoop(session, ctx, system=args.system, show_stats=args.stats, preset=preset,
+                        gen={"max_new_tokens": args.max_tokens, "sampling": params})
+        ctx.note(f"chatting with {path.name} · preset {preset.describe()} · {HELP}")
+        while True:
+            line = read_line("> ")
+            if line is None:
+                sys.stderr.write("\n")
+                break
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not loop.command(line):
+                    break
+                continue
+            loop.answer(line)
+        return 0
+    finally:
+        session.close()
+
+
+__all__ = ["ChatLoop", "add_parsers", "cmd_chat"]

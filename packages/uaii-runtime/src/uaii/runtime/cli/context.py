@@ -1,0 +1,122 @@
+"""What every subcommand shares: the consoles (rich, plain when not a terminal), the Session factory, the model
+path check, and the options that map to Session options (threads, preset, budget)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from uaii.ir import UaiiError
+from uaii.runtime import presets
+
+SessionFactory = Callable[..., Any]
+
+
+class CliError(UaiiError):
+    """Bad command-line input: a missing file, an unreadable option value."""
+
+    component = "cli"
+
+
+def default_session_factory(path: str, **options: Any) -> Any:
+    from uaii.runtime import Session  # imported when a command needs it: `uaii --help` stays fast
+
+    return Session(path, **options)
+
+
+@dataclass
+class Context:
+    out: Console  # tables and reports on stdout
+    err: Console  # progress, stats lines and notes on stderr
+    session_factory: SessionFactory
+    plain: bool  # no colors or animations
+
+    @classmethod
+    def create(cls, *, no_color: bool = False, session_factory: SessionFactory | None = None) -> Context:
+        plain = no_color or bool(os.environ.get("NO_COLOR"))
+        out = _console(sys.stdout, plain)
+        err = _console(sys.stderr, plain)
+        return cls(out, err, session_factory or default_session_factory, plain or not err.is_terminal)
+
+    def close(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+
+    @property
+    def animate(self) -> bool:
+        """Whether spinners and progress bars are drawn (stderr is a terminal and colors are allowed)."""
+        return not self.plain
+
+    @contextmanager
+    def status(self, text: str) -> Iterator[None]:
+        """A spinner on stderr while a long step runs (nothing when not a terminal)."""
+        if not self.animate:
+            yield
+            return
+        with self.err.status(text, spinner="dots"):
+            yield
+
+    def open_session(self, path: Path, **options: Any) -> Any:
+        with self.status(f"loading {path.name} ..."):
+            return self.session_factory(str(path), **options)
+
+    def note(self, text: str) -> None:
+        """A line for the user on stderr (dim when colored)."""
+        self.err.print(text, style="dim", highlight=False, markup=False, soft_wrap=True)
+
+
+def _console(stream: Any, plain: bool) -> Console:
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    width = None if tty else int(os.environ.get("COLUMNS", "0") or 0) or 120
+    return Console(file=stream, no_color=plain, highlight=False, width=width, soft_wrap=False,
+                   force_terminal=False if plain else None, emoji=False)
+
+
+# --------------------------------------------------------------------------------------------- shared options
+def model_path(raw: str) -> Path:
+    """The model argument as a path that exists (a file or a directory), else a one-line error."""
+    p = Path(raw).expanduser()
+    if not p.exists():
+        raise CliError(f"{raw}: no such file or directory (expected a GGUF file or a Hugging Face model directory)")
+    return p
+
+
+def add_model_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("model", metavar="MODEL", help="a GGUF file or a Hugging Face model directory")
+
+
+def add_runtime_options(ap: argparse.ArgumentParser) -> None:
+    """--threads, --preset, --budget: the Session options of run, chat and bench."""
+    g = ap.add_argument_group("runtime")
+    g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="CPU threads (default: the runtime's choice)")
+    g.add_argument("--preset", choices=presets.PRESET_NAMES, default=None,
+                   help=f"memory preset (default: {presets.DEFAULT_PRESET}, {presets.AUTO_FRACTION * 100:.0f}%% of "
+                        "MemAvailable); see docs/cli.md")
+    g.add_argument("--budget", metavar="BYTES", default=None,
+                   help="memory budget, e.g. 256MiB, 2GB (0 = unlimited); replaces the preset's budget")
+
+
+def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str, Any]]:
+    """The preset the command runs with and the Session options it sets."""
+    preset = presets.resolve(args.preset, args.budget)
+    options = preset.session_options()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CliError(f"--threads must be >= 1, found {args.threads}")
+        options["n_threads"] = args.threads
+    return preset, options
+
+
+__all__ = ["CliError", "Context", "SessionFactory", "add_model_argument", "add_runtime_options",
+           "default_session_factory", "model_path", "runtime_options"]

@@ -1,0 +1,174 @@
+"""``uaii devices``, ``uaii cache status|clear``, ``uaii plan``, ``uaii presets``: the machine and what UAII keeps."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+from rich.table import Table
+
+from uaii.runtime import presets
+
+from . import report
+from .context import CliError, Context, add_model_argument, model_path
+
+
+def add_parsers(sub: Any) -> None:
+    d = sub.add_parser("devices", help="every backend (cpu, cuda, rocm, metal, vulkan, webgpu): available or why not")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.set_defaults(func=cmd_devices)
+
+    c = sub.add_parser("cache", help="the on-disk plan cache: status | clear")
+    c.add_argument("action", choices=("status", "clear"))
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("plan", help="the storage plan a session makes for a model under a memory budget")
+    add_model_argument(p)
+    p.add_argument("--budget", metavar="BYTES", default=None,
+                   help="memory budget, e.g. 256MiB (default: the auto preset's; 0 = unlimited)")
+    p.add_argument("--preset", choices=presets.PRESET_NAMES, default=None, help="memory preset (default auto)")
+    p.add_argument("--json", action="store_true", help="print the planner's summary as one JSON object")
+    p.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("presets", help="the memory presets and their numbers on this machine")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_presets)
+
+
+# --------------------------------------------------------------------------------------------------- devices
+def device_rows() -> list[dict[str, Any]]:
+    from uaii.backends import list_backends
+
+    rows = []
+    for name, status in list_backends():
+        rows.append({"name": name, "available": bool(status.available), "devices": list(status.devices),
+                     "reason": "" if status.available else status.reason})
+    return rows
+
+
+def cmd_devices(args: argparse.Namespace, ctx: Context) -> int:
+    rows = device_rows()
+    if args.json:
+        report.print_json({"backends": rows})
+        return 0
+    t = Table(title="backends", title_justify="left")
+    for col in ("backend", "status", "devices / reason"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        status = "[green]available[/green]" if r["available"] else "[red]unavailable[/red]"
+        t.add_row(r["name"], status, ", ".join(r["devices"]) if r["available"] else r["reason"])
+    ctx.out.print(t)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- cache
+def cmd_cache(args: argparse.Namespace, ctx: Context) -> int:
+    from uaii import planner
+
+    if args.action == "clear":
+        before = planner.status()
+        removed = planner.clear()
+        obj = {"path": before.path, "removed": removed, "freed_bytes": before.total_bytes}
+        if args.json:
+            report.print_json(obj)
+        else:
+            ctx.out.print(f"removed {removed} plan cache entr{'y' if removed == 1 else 'ies'} "
+                          f"({report.size(before.total_bytes) if removed else '0 B'}) from {before.path}",
+                          highlight=False, soft_wrap=True)
+        return 0
+    st = planner.status()
+    if args.json:
+        report.print_json({"path": st.path, "entries": st.entries, "total_bytes": st.total_bytes})
+    else:
+        ctx.out.print(f"plan cache {st.path}: {st.entries} entr{'y' if st.entries == 1 else 'ies'}, "
+                      f"{report.size(st.total_bytes) if st.entries else '0 B'}", highlight=False, soft_wrap=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------ plan
+def cmd_plan(args: argparse.Namespace, ctx: Context) -> int:
+    from uaii.planner import summarize
+
+    path = model_path(args.model)
+    preset = presets.resolve(args.preset, args.budget)
+    session = ctx.open_session(path, **preset.session_options())  # the plan the runtime would run with
+    try:
+        execution_plan, hit = session.plan, bool(getattr(session, "plan_cache_hit", False))
+    finally:
+        session.close()
+    if execution_plan is None:
+        raise CliError("uaii-planner is not installed: the session runs the graph in its own order, without a plan")
+    summary = summarize(execution_plan)
+    if args.json:
+        report.print_json({"model": str(path), "preset": preset.name, "cache_hit": hit, **summary})
+        return 0
+    ctx.out.print(f"storage plan of {path.name} · preset {preset.describe()} · "
+                  f"{'from the plan cache' if hit else 'planned now'} · {summary['steps']} steps", highlight=False,
+                  soft_wrap=True)
+    groups = Table(title="weights", title_justify="left")
+    for col in ("group", "mode", "bytes"):
+        groups.add_column(col, justify="right" if col == "bytes" else "left")
+    for name, mode, total in fold_groups(summary["groups"]):
+        groups.add_row(name, mode, report.size(total))
+    ctx.out.print(groups)
+    totals = Table(title="memory", title_justify="left", show_header=False)
+    totals.add_column("part")
+    totals.add_column("bytes", justify="right")
+    for key in ("budget_bytes", "pinned_bytes", "mapped_bytes", "staging_bytes", "arena_bytes", "kv_cache_bytes",
+                "expert_cache_bytes", "total_bytes", "streamed_bytes_per_token"):
+        value = summary.get(key)
+        if key == "budget_bytes" and not value:
+            totals.add_row("budget", "unlimited")
+            continue
+        totals.add_row(key.removesuffix("_bytes").replace("_", " "), report.size(value) if value else "0")
+    ctx.out.print(totals)
+    return 0
+
+
+def fold_groups(groups: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+    """Runs of layer groups with the same mode and size as one row: ``blk.2-29 (28 layers)``."""
+    rows: list[tuple[str, str, int]] = []
+    run: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            rows.append((str(run[0]["group"]), str(run[0]["mode"]), int(run[0]["bytes"])))
+        elif run:
+            first, last = run[0]["group"], run[-1]["group"].rsplit(".", 1)[1]
+            rows.append((f"{first}-{last} ({len(run)} layers)", str(run[0]["mode"]), sum(g["bytes"] for g in run)))
+        run.clear()
+
+    for g in groups:
+        prefix, _, index = str(g["group"]).rpartition(".")
+        prev = run[-1] if run else None
+        follows = (prev is not None and index.isdigit() and str(prev["group"]).rpartition(".")[0] == prefix
+                   and prev["mode"] == g["mode"] and prev["bytes"] == g["bytes"])
+        if not follows:
+            flush()
+        if index.isdigit():
+            run.append(g)
+        else:
+            rows.append((str(g["group"]), str(g["mode"]), int(g["bytes"])))
+    flush()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------- presets
+def cmd_presets(args: argparse.Namespace, ctx: Context) -> int:
+    all_presets = presets.presets()
+    if args.json:
+        report.print_json({"default": presets.DEFAULT_PRESET, "presets": [asdict(p) for p in all_presets]})
+        return 0
+    t = Table(title=f"memory presets (the CLI's default: {presets.DEFAULT_PRESET})", title_justify="left")
+    for col in ("preset", "budget", "kv window", "kv sinks", "what for"):
+        t.add_column(col)
+    for p in all_presets:
+        t.add_row(p.name, report.size(p.budget_bytes) if p.budget_bytes else "unlimited",
+                  str(p.kv_window or "unbounded"), str(p.kv_sinks), p.description)
+    ctx.out.print(t)
+    return 0
+
+
+__all__ = ["add_parsers", "cmd_cache", "cmd_devices", "cmd_plan", "cmd_presets", "device_rows", "fold_groups"]

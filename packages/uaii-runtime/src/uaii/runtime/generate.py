@@ -1,0 +1,70 @@
+"""The text side of generation: streamed pieces, stop strings and the end-of-generation rules.
+
+:class:`TextStream` turns token ids into text pieces with the tokenizer's StreamDecoder and holds back the tail that
+could still begin a stop string, so a stop string never reaches the caller, streamed or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class TextStream:
+    """Text of the generated ids, piece by piece, cut at the first stop string."""
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
+        self._decoder = tokenizer.stream() if tokenizer is not None else None
+        self._stop = [s for s in stop if s]
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._pending = ""  # decoded but not yet released
+        self.text = ""  # released so far
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """Feed one generated id; return the text now safe to show ('' while held back)."""
+        if self._decoder is None or self.stopped:
+            return ""
+        self._pending += self._decoder.step(token_id)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """End of generation: flush what the decoder and the stop-string window held back."""
+        if self._decoder is not None and not self.stopped:
+            self._pending += self._decoder.finish()
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        if self._stop:
+            window = self.text[-self._hold:] if self._hold else ""
+            joined = window + self._pending
+            hits = [i for i in (joined.find(s) for s in self._stop) if i >= 0]
+            if hits:
+                cut = min(hits) - len(window)
+                piece = self._pending[:max(cut, 0)]
+                self.text += piece
+                self._pending = ""
+                self.stopped = True
+                return piece
+            if not final:
+                keep = min(self._hold, len(self._pending))
+                piece = self._pending[:len(self._pending) - keep]
+                self._pending = self._pending[len(self._pending) - keep:]
+                self.text += piece
+                return piece
+        piece, self._pending = self._pending, ""
+        self.text += piece
+        return piece
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+__all__ = ["TextStream", "common_prefix"]

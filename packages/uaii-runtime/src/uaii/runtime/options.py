@@ -1,0 +1,96 @@
+"""Session options: one frozen dataclass, checked when a Session is created.
+
+Defaults are the DESIGN's for the Python API: CPU, an unbounded KV cache (``kv_window = 0``), no memory budget and
+no preset. The CLI applies a memory preset itself (uaii.runtime.presets) and passes its fields here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from uaii.runtime.errors import SessionError
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a Session runs with.
+
+    device: backend name or ``"auto"`` (the first available GPU backend, else the CPU, reported).
+    n_threads: kernel threads (None: ``$UAII_NUM_THREADS`` or the usable cores).
+    max_context: tokens the KV cache holds (0: the model's context length).
+    kv_window / kv_sinks: a resident window of that many recent tokens plus ``kv_sinks`` attention sinks
+        (0: keep every token).
+    budget_bytes: memory budget for the storage plan (0: none; weights are memory-mapped).
+    preset: a memory preset name (uaii.runtime.presets); its budget and window fill the options left at default.
+    pin_layers: trunk layers to pin when a budget applies (None: the planner's default).
+    expert_cache_bytes: bytes of the MoE expert LRU cache under a budget (part of the budget; 0: the smallest cache
+        that holds one expert's weights).
+    stream_read_ahead: streamed tensors read ahead of compute (the store's ``max_inflight``).
+    enable_fusion / enable_memory_reuse: planner fusion passes / arena reuse.
+    max_batch: tokens per prefill step (the prompt runs in chunks of this many).
+    plan_cache: use the on-disk plan cache.
+    """
+
+    device: str = "cpu"
+    n_threads: int | None = None
+    max_context: int = 0
+    kv_window: int = 0
+    kv_sinks: int = 4
+    budget_bytes: int = 0
+    preset: str | None = None
+    pin_layers: int | None = None
+    expert_cache_bytes: int = 0
+    stream_read_ahead: int = 8
+    enable_fusion: bool = True
+    enable_memory_reuse: bool = True
+    max_batch: int = 512
+    plan_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or not self.device:
+            raise SessionError(f"option device must be a backend name or 'auto', found {self.device!r}")
+        if self.n_threads is not None:
+            _int("n_threads", self.n_threads, 1)
+        for name, lo in (("max_context", 0), ("kv_window", 0), ("kv_sinks", 0), ("budget_bytes", 0),
+                         ("max_batch", 1), ("expert_cache_bytes", 0), ("stream_read_ahead", 1)):
+            _int(name, getattr(self, name), lo)
+        if self.pin_layers is not None:
+            _int("pin_layers", self.pin_layers, 0)
+        for name in ("enable_fusion", "enable_memory_reuse", "plan_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise SessionError(f"option {name} must be True or False, found {getattr(self, name)!r}")
+        if self.preset is not None and not isinstance(self.preset, str):
+            raise SessionError(f"option preset must be a preset name, found {self.preset!r}")
+
+    @classmethod
+    def from_kwargs(cls, options: Mapping[str, Any]) -> SessionOptions:
+        """Options from keyword arguments; an unknown name is an error that lists the valid ones."""
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise SessionError(f"unknown Session option(s) {', '.join(map(repr, unknown))}; valid options: "
+                               f"{', '.join(valid)}")
+        opts = cls(**options)
+        return opts.with_preset(set(options)) if opts.preset else opts
+
+    def with_preset(self, given: set[str]) -> SessionOptions:
+        """Fill budget_bytes, kv_window and kv_sinks from the preset where the caller did not set them."""
+        from uaii.runtime.presets import get_preset
+
+        assert self.preset is not None
+        values = get_preset(self.preset).session_options()
+        kw = {k: v for k, v in values.items() if k not in given and k != "preset"}
+        return type(self)(**{**asdict(self), **kw})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise SessionError(f"option {name} must be an int >= {lo}, found {value!r}")
+
+
+__all__ = ["SessionOptions"]

@@ -1,0 +1,514 @@
+"""The Session: load → plan → compile, then generate (batched prefill, in-place KV cache, one token per decode step).
+
+    with Session("SmolLM2-135M-Instruct.Q4_1.gguf") as s:
+        print(s.generate("The capital of France is", max_new_tokens=16).text)
+
+Lifecycle: CREATED → LOADED → PLANNED → READY → CLOSED (:class:`SessionState`); using a closed session is a
+:class:`SessionError`. Decoder LMs are rewritten to compute the lm_head for the last row only, planned by
+uaii.planner (disk cache), compiled on the selected backend, and given a KV state of ``max_context`` tokens (or a
+``kv_window`` + ``kv_sinks`` resident window). The cache survives between calls: a prompt that extends what the
+cache holds (a chat turn) only prefills the new tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from uaii.ir import UaiiError
+from uaii.runtime.errors import SessionError
+from uaii.runtime.generate import TextStream, common_prefix
+from uaii.runtime.model import ModelBundle, _nbytes, load_bundle
+from uaii.runtime.options import SessionOptions
+from uaii.runtime.results import GenerationResult, GenerationStats, ModelInfo, SessionState, peak_rss_bytes
+from uaii.runtime.rewrite import last_token_logits
+
+log = logging.getLogger("uaii.runtime")
+DEFAULT_CONTEXT = 4096  # when neither the options nor the model say
+
+
+class Session:
+    """A model ready to run. See the module docstring; options are :class:`SessionOptions` fields."""
+
+    def __init__(self, path: str | Any, **options: Any) -> None:
+        self.options = SessionOptions.from_kwargs(options)
+        self.state = SessionState.CREATED
+        self.last_result: GenerationResult | None = None
+        self.plan: Any = None
+        self.plan_cache_hit = False
+        self._exe: Any = None
+        self._store: Any = None
+        self._stream_kw: dict[str, Any] = {}
+        self._expert_cache: Any = None
+        self._kv: Any = None
+        self._full: Any = None  # functional executable for run() on a decoder graph
+        self._history: list[int] = []  # tokens whose keys and values the cache holds
+        t0 = time.perf_counter()
+        self._bundle: ModelBundle = load_bundle(path)
+        self.tokenizer = self._bundle.tokenizer
+        self.model_info: ModelInfo | None = self._bundle.info
+        self.state = SessionState.LOADED
+        try:
+            self._setup()
+        except BaseException:
+            self.close()  # give back what was mapped or compiled before the failure
+            raise
+        self.load_s = time.perf_counter() - t0
+
+    # --- setup ---------------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from uaii.backends import select_device
+        from uaii.storage import MmapStore
+
+        o, b = self.options, self._bundle
+        self.backend = select_device(o.device)
+        if o.n_threads is not None and hasattr(self.backend, "set_threads"):
+            self.backend.set_threads(o.n_threads)
+        self.context = o.max_context or b.context_length or DEFAULT_CONTEXT
+        graph = last_token_logits(b.graph) if b.generative else b.graph
+        self.graph = graph
+        self.plan, self.plan_cache_hit = self._plan(graph)
+        self.state = SessionState.PLANNED
+        stream_kw = self._streaming(graph) if o.budget_bytes else {}
+        if not stream_kw:
+            self._store = MmapStore(b.locations)
+        self._stream_kw = stream_kw
+        self._exe = self.backend.compile(graph, self.plan, self._store, max_tokens=o.max_batch,
+                                         memory_reuse=o.enable_memory_reuse, **stream_kw)
+        if b.generative:
+            self._kv = self._exe.new_state(self.context, window=o.kv_window, sinks=o.kv_sinks)
+        self.bytes_per_token = _bytes_per_token(graph, b.locations, self.plan)
+        self._tokens = np.zeros(o.max_batch, np.int64)
+        self._positions = np.zeros(o.max_batch, np.int64)
+        self._decode_feeds = {"tokens": self._tokens[:1], "positions": self._positions[:1]}
+        self.state = SessionState.READY
+
+    def _streaming(self, graph: Any) -> dict[str, Any]:
+        """Under a budget: a StreamingStore with the plan's staging bytes, the pinned set read once, and what the
+        backend needs to acquire the streamed weights around the steps that read them. {} when the session maps
+        its weights after all (no plan, or a backend that cannot stream), which is warned about."""
+        from uaii.storage import ExpertCache, StreamingStore
+
+        o, b = self.options, self._bundle
+        storage = getattr(self.plan, "storage", None)
+        if storage is None or not storage.budget_bytes:
+            log.warning("[runtime] budget_bytes=%d: no storage plan (planning failed), so every weight is "
+                        "memory-mapped and the budget is not enforced", o.budget_bytes)
+            return {}
+        if self.backend.name != "cpu":
+            log.warning("[runtime] budget_bytes=%d: the %s backend cannot stream weights yet; every weight is "
+                        "memory-mapped and the budget is not enforced", o.budget_bytes, self.backend.name)
+            return {}
+        streamed = [w.ref for w in storage.weights if w.mode == "streamed"]
+        refs = {str(t.weight) for t in graph.weights if t.weight is not None}
+        pinned = [w.ref for w in storage.weights if w.mode == "pinned" and w.ref in refs]
+        staging = sum(storage.staging_buffers)
+        self._store = store = StreamingStore(b.locations, max(staging, 4096), max_inflight=o.stream_read_ahead)
+        if pinned:
+            store.pin(pinned)
+        cache = None
+        banks = _moe_banks(graph, set(streamed))
+        if banks:
+            # one expert of each bank of a node (a read window may straddle one more page than the first expert's)
+            one = max(sum(store.buffer_bytes(str(t.weight.with_expert(0))) + 4096 for t in ts)
+                      for ts in banks.values())
+            budget = o.expert_cache_bytes
+            if budget < one:
+                if budget:
+                    log.warning("[runtime] expert_cache_bytes=%d cannot hold one expert's gate, up and down "
+                                "weights (%d bytes); the cache holds one", budget, one)
+                budget = one
+            cache = self._expert_cache = ExpertCache(store, budget)
+        return {"streamed": streamed, "prefetch_order": storage.prefetch_order, "expert_cache": cache,
+                "chunk_bytes": max(storage.staging_buffers, default=0)}
+
+    def storage_stats(self) -> dict[str, Any]:
+        """The storage telemetry of this session: ``mode`` (``"mmap"`` or ``"streaming"``), ``bytes_read`` (total
+        file bytes read), ``bytes_read_per_token`` (mean over the forward passes measured), ``read_gb_s`` (bytes
+        read / I/O busy time), ``staging``, ``expert_cache`` (hits, misses, per layer) and the plan's figures."""
+        if self._store is None:
+            raise SessionError("[runtime] cannot read storage stats: the session is closed")
+        st = dict(self._store.stats())
+        st["mode"] = self._store.mode
+        st.setdefault("bytes_read", 0)
+        st["bytes_read_per_token"] = float(st.get("bytes_per_token_mean", 0.0))
+        st["read_gb_s"] = float(st.get("read_gbps", 0.0))
+        storage = getattr(self.plan, "storage", None)
+        if storage is not None:
+            st["budget_bytes"] = storage.budget_bytes
+            st["plan_streamed_bytes_per_token"] = storage.streamed_bytes_per_token
+            st["pinned_bytes"] = storage.pinned_bytes
+            st["staging_bytes"] = storage.staging_bytes
+        streaming = getattr(self._exe, "streaming", None)
+        if streaming is not None:
+            st["relowered"] = streaming.relowered
+        return st
+
+    @property
+    def streaming(self) -> bool:
+        """Whether some weights stream under the budget (False: memory-mapped, or every weight pinned)."""
+        return bool(self._stream_kw.get("streamed"))
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One forward pass of the decoder; a streaming store counts it as one token of telemetry."""
+        if not self._stream_kw:
+            return self._exe.run(feeds, self._kv)
+        self._store.begin_token()
+        try:
+            return self._exe.run(feeds, self._kv)
+        finally:
+            self._store.end_token()
+
+    def _plan(self, graph: Any) -> tuple[Any, bool]:
+        try:
+            from uaii.planner import BudgetError, PlannerOptions, plan
+        except ImportError:  # the planner is optional: the backend then follows the graph's own order
+            return None, False
+        o = self.options
+        kw: dict[str, Any] = dict(enable_fusion=o.enable_fusion, enable_memory_reuse=o.enable_memory_reuse,
+                                  max_tokens=o.max_batch, budget_bytes=o.budget_bytes, device=self.backend.name)
+        if o.budget_bytes:
+            kw["kv_cache_bytes"] = _kv_bytes(graph, self._kv_slots()) if self._bundle.generative else 0
+            kw["expert_cache_bytes"] = o.expert_cache_bytes
+            kw["fill_pins"] = True  # what the budget holds beyond the minimum is spent on pinning more layers
+        if o.pin_layers is not None:
+            kw["pin_layers"] = o.pin_layers
+        bounds = {d: o.max_batch for name in graph.inputs for d in graph.tensor(name).shape
+                  if isinstance(d, str) and d != "seq"}
+        if self._bundle.generative:
+            bounds["past"] = self.context
+        kw["dim_bounds"] = bounds
+        try:
+            return plan(graph, PlannerOptions(**kw), cache=o.plan_cache)
+        except UaiiError as exc:  # e.g. a symbolic dim without a bound: run the graph in its own order
+            if isinstance(exc, SessionError | BudgetError):
+                raise  # a budget that cannot hold the minimum is the caller's to fix
+            log.warning("[runtime] planning %s failed (%s); executing the graph in its own order",
+                        self._bundle.path.name, exc)
+            return None, False
+
+    def _kv_slots(self) -> int:
+        o = self.options
+        return o.kv_window + o.kv_sinks if o.kv_window else self.context
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def _ready(self, what: str) -> None:
+        if self.state is SessionState.CLOSED:
+            raise SessionError(f"[runtime] cannot {what}: the session is closed")
+        if self.state is not SessionState.READY:
+            raise SessionError(f"[runtime] cannot {what}: the session is {self.state.value}, not ready")
+
+    def _generative(self, what: str) -> None:
+        self._ready(what)
+        if self._kv is None:
+            raise SessionError(f"[runtime] cannot {what}: {self._bundle.path.name} is not a generative model "
+                               "(no tokens/positions inputs with a KV cache); use run()")
+
+    def close(self) -> None:
+        """Free the compiled graph, the KV cache and the weight maps (idempotent)."""
+        if self.state is SessionState.CLOSED:
+            return
+        for obj in (self._exe, self._full, self._store):
+            if obj is not None:
+                obj.close()
+        self._exe = self._full = self._store = self._kv = None
+        self.state = SessionState.CLOSED
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Session {self._bundle.path.name} {self.state.value} on {getattr(self, 'backend', None)}>"
+
+    def reset(self) -> None:
+        """Forget the conversation: the KV cache is emptied."""
+        self._ready("reset")
+        if self._kv is not None:
+            self._kv.reset()
+        self._history = []
+
+    @property
+    def kv_length(self) -> int:
+        """Tokens the KV cache holds."""
+        return len(self._history)
+
+    # --- tokens ------------------------------------------------------------------------------------------
+    def _tok(self, what: str) -> Any:
+        self._ready(what)
+        if self.tokenizer is None:
+            raise SessionError(f"[runtime] cannot {what}: {self._bundle.path.name} has no tokenizer")
+        return self.tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return list(self._tok("tokenize").encode(text, add_special=add_special))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return str(self._tok("detokenize").decode([int(i) for i in ids]))
+
+    # --- forward passes ------------------------------------------------------------------------------------
+    def _feed(self, ids: Sequence[int]) -> np.ndarray:
+        """Run ``ids`` through the model in chunks of max_batch; return the last token's logits (a view)."""
+        if not ids:
+            raise SessionError("[runtime] nothing to run: the token list is empty")
+        free = self.context - len(self._history)
+        if not self.options.kv_window and len(ids) > free:
+            raise SessionError(f"[runtime] {len(ids)} tokens do not fit the context: it holds {self.context} tokens "
+                               f"and {len(self._history)} are used (raise max_context, or set kv_window)")
+        step = self.options.max_batch
+        vocab = self._vocab()
+        logits = None
+        for start in range(0, len(ids), step):
+            chunk = ids[start:start + step]
+            n = len(chunk)
+            tokens, positions = self._tokens[:n], self._positions[:n]
+            tokens[:] = chunk
+            if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
+                raise SessionError(f"[runtime] token ids must be in [0, {vocab}), found {int(tokens.min())}.."
+                                   f"{int(tokens.max())}")
+            positions[:] = np.arange(self._kv.length, self._kv.length + n)
+            logits = self._run({"tokens": tokens, "positions": positions})["logits"]
+            self._history.extend(int(t) for t in chunk)
+        assert logits is not None
+        return logits[-1]
+
+    def _vocab(self) -> int:
+        return int(self.graph.tensor("logits").shape[-1])
+
+    def _step(self, token: int) -> np.ndarray:
+        """One decode step (the hot loop): feed one token, return its logits (a view)."""
+        self._tokens[0] = token
+        self._positions[0] = self._kv.length
+        out = self._run(self._decode_feeds)
+        self._history.append(token)
+        return out["logits"][-1]
+
+    def forward(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits (float32, a copy) of the last of ``tokens``, which are appended to the KV cache."""
+        self._generative("run forward")
+        return np.array(self._feed([int(t) for t in tokens]), dtype=np.float32)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run a graph on named inputs, returning every graph output (copies). On a decoder LM this is the
+        functional graph: feed ``past_k.N``/``past_v.N`` (shape [0, heads, dim] for none) and get all logits."""
+        self._ready("run")
+        feeds = {k: np.asarray(v) for k, v in inputs.items()}
+        exe = self._exe
+        if self._kv is not None:
+            if self._full is None:
+                self._full = self.backend.compile(self._bundle.graph, None, self._store, kv_state=False,
+                                                  max_tokens=self.options.max_batch,
+                                                  memory_reuse=self.options.enable_memory_reuse,
+                                                  **self._stream_kw)
+            exe = self._full
+        missing = [n for n in exe.input_names if n not in feeds]
+        if missing:
+            raise SessionError(f"[runtime] missing input(s) {', '.join(missing)}; the graph takes "
+                               f"{', '.join(exe.input_names)}")
+        return {k: np.array(v) for k, v in exe.run(feeds).items()}
+
+    # --- generation ----------------------------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, sampling: Any = None,
+                 stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), add_special: bool = True,
+                 ignore_eos: bool = False) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, or token ids used as they are)."""
+        for _ in self._generation(prompt, max_new_tokens, sampling, stop, stop_token_ids, add_special, ignore_eos,
+                                  stream=False):
+            pass
+        assert self.last_result is not None
+        return self.last_result
+
+    def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, sampling: Any = None,
+               stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), add_special: bool = True,
+               ignore_eos: bool = False) -> Iterator[str]:
+        """Text pieces as they are generated; the full result is ``session.last_result`` afterwards."""
+        return self._generation(prompt, max_new_tokens, sampling, stop, stop_token_ids, add_special, ignore_eos,
+                                stream=True)
+
+    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> GenerationResult:
+        """Reply to ``messages`` ([{"role": ..., "content": ...}]) through the model's chat template."""
+        tok = self._tok("chat")
+        ids = tok.encode_chat(messages, add_generation_prompt=True)
+        kwargs["add_special"] = False
+        return self.generate(ids, **kwargs)
+
+    def _prompt_ids(self, prompt: str | Sequence[int], add_special: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_special=add_special)
+        return [int(t) for t in prompt]
+
+    def _generation(self, prompt: str | Sequence[int], max_new: int, sampling: Any, stop: Sequence[str],
+                    stop_ids: Sequence[int], add_special: bool, ignore_eos: bool, stream: bool) -> Iterator[str]:
+        self._generative("generate")
+        if isinstance(stop, str):
+            stop = (stop,)
+        if max_new < 0:
+            raise SessionError(f"[runtime] max_new_tokens must be >= 0, found {max_new}")
+        sampler = _sampler(sampling)
+        ids = self._prompt_ids(prompt, add_special)
+        if not ids:
+            raise SessionError("[runtime] the prompt is empty (no tokens); pass text or token ids")
+        stats = GenerationStats(prompt_tokens=len(ids), load_s=self.load_s, plan_cache_hit=self.plan_cache_hit,
+                                bytes_read_per_token=float(self.bytes_per_token))
+        text = TextStream(self.tokenizer, stop) if (stream or stop) else None
+        eos = frozenset() if ignore_eos else self._bundle.stop_ids
+        stops = frozenset(int(t) for t in stop_ids)
+        out: list[int] = []
+        finish = "length"
+        t0 = time.perf_counter()
+        tail = ""
+        try:
+            if max_new == 0:
+                return
+            reuse = self._reuse(ids)
+            stats.cached_tokens = reuse
+            read0 = self._bytes_read()
+            logits = self._feed(ids[reuse:])
+            t1 = time.perf_counter()
+            stats.prefill_s = t1 - t0
+            stats.prefill_tok_s = (len(ids) - reuse) / stats.prefill_s if stats.prefill_s > 0 else 0.0
+            history = ids
+            steps = 0
+            while True:
+                token = sampler(logits, history)
+                if not out:
+                    stats.ttft_s = time.perf_counter() - t0
+                if token in stops:
+                    finish = "stop"
+                    break
+                if token in eos:
+                    finish = "eos"
+                    break
+                out.append(token)
+                if text is not None:
+                    piece = text.push(token)
+                    if text.stopped:
+                        finish = "stop"
+                    if piece and stream:
+                        yield piece
+                    if text.stopped:
+                        break
+                if len(out) >= max_new:
+                    break
+                if self._kv.length >= self.context and not self.options.kv_window:
+                    break  # the context is full: finish_reason "length"
+                logits = self._step(token)
+                steps += 1
+                history = [*history, token] if sampler.wants_history else history
+            stats.decode_s = time.perf_counter() - t1
+            stats.decode_tok_s = steps / stats.decode_s if steps and stats.decode_s > 0 else 0.0
+            if self._stream_kw:  # measured: file bytes the passes of this generation read, per pass
+                passes = steps + -(-(len(ids) - reuse) // self.options.max_batch)
+                stats.bytes_read_per_token = (self._bytes_read() - read0) / max(passes, 1)
+        except GeneratorExit:  # the caller stopped reading the stream
+            finish = "stop"
+            raise
+        finally:
+            stats.new_tokens = len(out)
+            stats.peak_rss_bytes = peak_rss_bytes()
+            if text is not None:
+                tail = text.finish()
+                result_text = text.text
+            else:
+                result_text = self.tokenizer.decode(out) if self.tokenizer is not None else ""
+            self.last_result = GenerationResult(result_text, out, ids, finish, stats)
+        if tail and stream:
+            yield tail  # what the decoder and the stop-string window held back
+
+    def _bytes_read(self) -> int:
+        if not self._stream_kw:
+            return 0
+        return int(self._store.telemetry.snapshot().get("bytes_read", 0))
+
+    def _reuse(self, ids: list[int]) -> int:
+        """How many leading prompt tokens the cache already holds; the cache is rewound to them."""
+        keep = min(common_prefix(self._history, ids), len(ids) - 1)
+        if keep < len(self._history):
+            try:
+                self._kv.truncate(keep)
+            except Exception:  # a windowed cache may not rewind: start over
+                keep = 0
+                self._kv.reset()
+            del self._history[keep:]
+        return keep
+
+
+class _Greedy:
+    wants_history = False
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        return int(np.argmax(logits))
+
+
+class _Sampled:
+    def __init__(self, sampler: Any, wants_history: bool) -> None:
+        self.sampler = sampler
+        self.wants_history = wants_history
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        return int(self.sampler.sample(logits, history))
+
+
+def _sampler(params: Any) -> Any:
+    if params is None:
+        return _Greedy()
+    from uaii.runtime.sampling import Sampler
+
+    greedy = getattr(params, "greedy", False) and getattr(params, "repetition_penalty", 1.0) == 1.0
+    if greedy:
+        return _Greedy()
+    return _Sampled(Sampler(params), getattr(params, "repetition_penalty", 1.0) != 1.0)
+
+
+def _kv_bytes(graph: Any, slots: int) -> int:
+    """Bytes of a float32 KV cache of ``slots`` tokens: every past_k.N / past_v.N input is [past, heads, dim]."""
+    total = 0
+    for name in graph.inputs:
+        if name.startswith(("past_k.", "past_v.")):
+            shape = graph.tensor(name).shape
+            per = 1
+            for d in shape[1:]:
+                per *= int(d) if isinstance(d, int) else 0
+            total += per * 4 * slots
+    return total
+
+
+def _moe_banks(graph: Any, streamed: set[str]) -> dict[str, list[Any]]:
+    """MoE nodes whose expert banks stream: node name → its gate, up and down bank tensors."""
+    out: dict[str, list[Any]] = {}
+    for n in graph.nodes:
+        if n.op in ("MoEExperts", "MoEExpertsSwiGLU"):
+            ts = [graph.tensor(x) for x in n.inputs[3:6]]
+            if any(t.weight is not None and str(t.weight) in streamed for t in ts):
+                out[n.name] = ts
+    return out
+
+
+def _bytes_per_token(graph: Any, locations: Mapping[str, Any], plan: Any) -> int:
+    """Weight bytes one decode step reads: every weight once, one row of a table only looked up, and top_k of the
+    experts of a bank."""
+    consumers: dict[str, list[Any]] = {}
+    for n in graph.nodes:
+        for x in n.inputs:
+            consumers.setdefault(x, []).append(n)
+    total = 0
+    for t in graph.weights:
+        size = _nbytes(locations, t)
+        users = consumers.get(t.name, [])
+        ops = {n.op for n in users}
+        if ops and ops <= {"Embedding", "Gather"} and t.shape:
+            size //= max(int(t.shape[0]), 1)
+        elif ops and ops <= {"MoEExperts", "MoEExpertsSwiGLU"}:
+            k, e = int(users[0].get("top_k", 1)), max(int(users[0].get("n_experts", 1)), 1)
+            size = size * min(k, e) // e
+        total += size
+    return total
+
+
+__all__ = ["Session"]
