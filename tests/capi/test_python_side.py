@@ -219,3 +219,25 @@ def test_profiler_summary_and_trace(tmp_path: Path) -> None:
     with off.span("run"):
         pass
     assert off.spans == []
+
+
+_CAPSULE_THEN_CREATE = """
+import datetime, sys
+from cffi import FFI
+getattr(datetime.datetime_CAPI, "anything", None)  # the type attribute cache tags PyCapsule_Type
+ffi = FFI()
+ffi.cdef("typedef struct uaii_session uaii_session; int uaii_session_create(const char*, void*, uaii_session**);"
+         "const char* uaii_last_error(void);")
+lib = ffi.dlopen(sys.argv[1])
+out = ffi.new("uaii_session **")
+print(lib.uaii_session_create(b"/nonexistent/model.uaii", ffi.NULL, out), ffi.string(lib.uaii_last_error()).decode())
+"""
+
+
+def test_start_inside_a_python_that_tagged_the_capsule_type() -> None:
+    """Regression: cffi's start-up lock is PyCapsule_Type.tp_version_tag (Python < 3.12); once any attribute lookup on
+    a capsule had tagged the type (numpy and torch do it), loading libuaii into that interpreter spun forever."""
+    proc = subprocess.run([sys.executable, "-c", _CAPSULE_THEN_CREATE, capi_paths.library_path()],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{Status.ERR_NOT_FOUND.value} ") and "no such file" in proc.stdout

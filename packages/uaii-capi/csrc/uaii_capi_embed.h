@@ -116,6 +116,17 @@ static void uaii_start_python_once(void) {
         uaii_start_rc = -1;
         return;
     }
+#if PY_VERSION_HEX < 0x030C0000
+    /* cffi's start-up spin lock (Python < 3.12) is PyCapsule_Type.tp_version_tag: it waits for the value 0. But the
+       type attribute cache gives the type a tag as soon as any code looks up an attribute on a capsule (numpy and
+       torch do), and cffi would then spin forever inside an interpreter that is already running. PyType_Modified()
+       drops the tag; the cache assigns a new one at the next lookup. */
+    {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        PyType_Modified(&PyCapsule_Type);
+        PyGILState_Release(gil);
+    }
+#endif
     if (cffi_start_python() != 0) {
         snprintf(uaii_start_error, sizeof uaii_start_error,
                  "the embedded module could not start (cffi's message is on stderr; is cffi installed where the "
