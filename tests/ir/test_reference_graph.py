@@ -4,48 +4,16 @@ scheduling, pruning and error messages."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pytest
+from graph_builder import GraphBuilder
 
-from uaii.ir import DType, Graph, Node, Tensor, WeightRef, check, make_graph
+from uaii.ir import DType, Graph, Tensor, check
 from uaii.ir.reference import EvaluationError, evaluate
 
 D, H, KV, HD, FF, VOCAB, EPS = 32, 4, 2, 8, 64, 50, 1e-5
-OutSpec = tuple[str, str, Sequence[int | str]]
-
-
-class Builder:
-    """A few lines per node: declares each output with its dtype and shape."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.tensors: dict[str, Tensor] = {}
-        self.nodes: list[Node] = []
-        self.inputs: list[str] = []
-        self.outputs: list[str] = []
-
-    def tensor(self, name: str, dtype: str, shape: Sequence[int | str], **kw: Any) -> str:
-        self.tensors[name] = Tensor(name, DType.parse(dtype), tuple(shape), **kw)
-        return name
-
-    def input(self, name: str, dtype: str, shape: Sequence[int | str]) -> str:
-        self.inputs.append(self.tensor(name, dtype, shape))
-        return name
-
-    def weight(self, name: str, shape: Sequence[int], dtype: str = "f32") -> str:
-        return self.tensor(name, dtype, shape, weight=WeightRef("model.gguf", name))
-
-    def op(self, op: str, inputs: Sequence[str], outputs: Sequence[OutSpec], **attrs: Any) -> str:
-        for out in outputs:
-            self.tensor(*out)
-        self.nodes.append(Node(f"{outputs[0][0]}", op, tuple(inputs), tuple(o[0] for o in outputs), attrs))
-        return outputs[0][0]
-
-    def build(self) -> Graph:
-        return make_graph(self.name, self.nodes, self.tensors.values(), self.inputs, self.outputs)
+Builder = GraphBuilder
 
 
 def llama_block(weight_dtype: str = "f32") -> Graph:
@@ -54,11 +22,11 @@ def llama_block(weight_dtype: str = "f32") -> Graph:
     b = Builder("llama_block")
     tokens, pos = b.input("tokens", "i64", ["seq"]), b.input("positions", "i64", ["seq"])
     past_k, past_v = b.input("past_k", "f32", ["past", KV, HD]), b.input("past_v", "f32", ["past", KV, HD])
-    x = b.op("Embedding", [tokens, b.weight("tok_embd", [VOCAB, D])], [("x", "f32", ["seq", D])])
-    h = b.op("RMSNorm", [x, b.weight("attn_norm", [D])], [("h", "f32", ["seq", D])], eps=EPS)
+    x = b.op("Embedding", [tokens, b.weight("tok_embd", "f32", [VOCAB, D])], [("x", "f32", ["seq", D])])
+    h = b.op("RMSNorm", [x, b.weight("attn_norm", "f32", [D])], [("h", "f32", ["seq", D])], eps=EPS)
     heads = {}
     for nm, n in (("q", H), ("k", KV), ("v", KV)):
-        w = b.weight(f"attn_{nm}", [n * HD, D], weight_dtype)
+        w = b.weight(f"attn_{nm}", weight_dtype, [n * HD, D])
         flat = b.op("MatMul", [h, w], [(f"{nm}_flat", "f32", ["seq", n * HD])], transpose_b=True)
         heads[nm] = b.op("Reshape", [flat], [(f"{nm}4", "f32", ["seq", n, HD])], shape=[0, n, HD])
     q = b.op("RoPE", [heads["q"], pos], [("q_rot", "f32", ["seq", H, HD])], mode="neox", theta=10000.0)
@@ -67,20 +35,20 @@ def llama_block(weight_dtype: str = "f32") -> Graph:
                [("att", "f32", ["seq", H, HD]), ("present_k", "f32", ["total", KV, HD]),
                 ("present_v", "f32", ["total", KV, HD])], n_heads=H, n_kv_heads=KV)
     att = b.op("Reshape", [att], [("att2", "f32", ["seq", H * HD])], shape=[0, -1])
-    o = b.op("MatMul", [att, b.weight("attn_output", [D, H * HD], weight_dtype)], [("o", "f32", ["seq", D])],
+    o = b.op("MatMul", [att, b.weight("attn_output", weight_dtype, [D, H * HD])], [("o", "f32", ["seq", D])],
              transpose_b=True)
     x = b.op("Add", [x, o], [("x2", "f32", ["seq", D])])
-    h = b.op("RMSNorm", [x, b.weight("ffn_norm", [D])], [("h2", "f32", ["seq", D])], eps=EPS)
-    gate = b.op("MatMul", [h, b.weight("ffn_gate", [FF, D], weight_dtype)], [("gate", "f32", ["seq", FF])],
+    h = b.op("RMSNorm", [x, b.weight("ffn_norm", "f32", [D])], [("h2", "f32", ["seq", D])], eps=EPS)
+    gate = b.op("MatMul", [h, b.weight("ffn_gate", weight_dtype, [FF, D])], [("gate", "f32", ["seq", FF])],
                 transpose_b=True)
-    up = b.op("MatMul", [h, b.weight("ffn_up", [FF, D], weight_dtype)], [("up", "f32", ["seq", FF])],
+    up = b.op("MatMul", [h, b.weight("ffn_up", weight_dtype, [FF, D])], [("up", "f32", ["seq", FF])],
               transpose_b=True)
     act = b.op("SwiGLU", [gate, up], [("act", "f32", ["seq", FF])])
-    down = b.op("MatMul", [act, b.weight("ffn_down", [D, FF], weight_dtype)], [("down", "f32", ["seq", D])],
+    down = b.op("MatMul", [act, b.weight("ffn_down", weight_dtype, [D, FF])], [("down", "f32", ["seq", D])],
                 transpose_b=True)
     x = b.op("Add", [x, down], [("x3", "f32", ["seq", D])])
-    h = b.op("RMSNorm", [x, b.weight("output_norm", [D])], [("h3", "f32", ["seq", D])], eps=EPS)
-    b.op("MatMul", [h, b.weight("output", [VOCAB, D])], [("logits", "f32", ["seq", VOCAB])], transpose_b=True)
+    h = b.op("RMSNorm", [x, b.weight("output_norm", "f32", [D])], [("h3", "f32", ["seq", D])], eps=EPS)
+    b.op("MatMul", [h, b.weight("output", "f32", [VOCAB, D])], [("logits", "f32", ["seq", VOCAB])], transpose_b=True)
     b.outputs += ["logits", "present_k", "present_v"]
     return check(b.build())
 
@@ -196,7 +164,7 @@ def test_missing_feed_weight_and_failing_node_are_named() -> None:
 def test_declared_shapes_and_dtypes_of_results() -> None:
     b = Builder("small")
     x = b.input("x", "f16", ["n", 4])
-    w = b.weight("w", [4, 3])  # f32 weight, f16 activations
+    w = b.weight("w", "f32", [4, 3])  # f32 weight, f16 activations
     y = b.op("MatMul", [x, w], [("y", "f16", ["n", 3])])
     r = b.op("MoERouter", [y], [("rw", "f32", ["n", 2]), ("ri", "i32", ["n", 2])], n_experts=3, top_k=2)
     c = b.tensor("c", "f16", [3], data=np.array([1, 2, 3], np.float16).tobytes())
@@ -214,7 +182,7 @@ def test_declared_shapes_and_dtypes_of_results() -> None:
 def test_bf16_graph() -> None:
     b = Builder("bf16")
     x = b.input("x", "bf16", [2, 4])
-    y = b.op("RMSNorm", [x, b.weight("w", [4])], [("y", "bf16", [2, 4])])
+    y = b.op("RMSNorm", [x, b.weight("w", "f32", [4])], [("y", "bf16", [2, 4])])
     b.outputs.append(y)
     from uaii.ir.reference import bf16_to_f32, f32_to_bf16
 

@@ -8,46 +8,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from graph_builder import GraphBuilder, OutSpec
 
-from uaii.ir import DType, Graph, Node, Tensor, WeightRef, make_graph
+from uaii.ir import DType, Graph, Tensor, WeightRef
 from uaii.ir.ops import FLOATS, OpSchema, Param
 from uaii.ir.registry import Registry
 from uaii.ir.validator import Code, ValidationError, check, validate
 
-OutSpec = tuple[str, str, Sequence[int | str]]
 
+class Builder(GraphBuilder):
+    """Names the nodes a test leaves unnamed op_index, as the diagnostics expect."""
 
-class Builder:
-    """A few lines per node: declares each output with its dtype and shape."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.tensors: dict[str, Tensor] = {}
-        self.nodes: list[Node] = []
-        self.inputs: list[str] = []
-        self.outputs: list[str] = []
-
-    def tensor(self, name: str, dtype: str, shape: Sequence[int | str], **kw: Any) -> str:
-        self.tensors[name] = Tensor(name, DType.parse(dtype), tuple(shape), **kw)
-        return name
-
-    def input(self, name: str, dtype: str, shape: Sequence[int | str]) -> str:
-        self.inputs.append(self.tensor(name, dtype, shape))
-        return name
-
-    def weight(self, name: str, dtype: str, shape: Sequence[int | str]) -> str:
-        return self.tensor(name, dtype, shape, weight=WeightRef("model.gguf", name))
-
-    def op(self, op: str, inputs: Sequence[str], outputs: Sequence[OutSpec], name: str = "",
-           **attrs: Any) -> str:
-        for out in outputs:
-            self.tensor(*out)
-        node_name = name or f"{op.lower()}_{len(self.nodes)}"
-        self.nodes.append(Node(node_name, op, tuple(inputs), tuple(o[0] for o in outputs), attrs))
-        return outputs[0][0]
-
-    def build(self) -> Graph:
-        return make_graph(self.name, self.nodes, self.tensors.values(), self.inputs, self.outputs)
+    def __init__(self, name: str = "g") -> None:
+        super().__init__(name, node_name=lambda op, output, index: f"{op.lower()}_{index}")
 
 
 D, H, KV, HD, FF, VOCAB = 256, 4, 2, 64, 512, 1000

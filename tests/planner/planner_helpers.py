@@ -2,49 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+from graph_builder import GraphBuilder
 
-from uaii.ir import DType, Graph, Node, Tensor, WeightRef, make_graph
-
-OutSpec = tuple[str, str, Sequence[int | str]]
+from uaii.ir import Graph
 
 
-class Builder:
-    """A few lines per node: declares each output with its dtype and shape."""
+class Builder(GraphBuilder):
+    """Names the nodes a test leaves unnamed output/op."""
 
     def __init__(self, name: str = "g") -> None:
-        self.name = name
-        self.tensors: dict[str, Tensor] = {}
-        self.nodes: list[Node] = []
-        self.inputs: list[str] = []
-        self.outputs: list[str] = []
-
-    def tensor(self, name: str, dtype: str, shape: Sequence[int | str], **kw: Any) -> str:
-        self.tensors[name] = Tensor(name, DType.parse(dtype), tuple(shape), **kw)
-        return name
-
-    def input(self, name: str, dtype: str, shape: Sequence[int | str]) -> str:
-        self.inputs.append(self.tensor(name, dtype, shape))
-        return name
-
-    def weight(self, name: str, dtype: str, shape: Sequence[int | str], path: str = "model.gguf") -> str:
-        if name not in self.tensors:
-            self.tensor(name, dtype, shape, weight=WeightRef(path, name))
-        return name
-
-    def op(self, op: str, inputs: Sequence[str], outputs: Sequence[OutSpec], name: str = "", **attrs: Any) -> str:
-        for out in outputs:
-            self.tensor(*out)
-        self.nodes.append(Node(name or f"{outputs[0][0]}/{op}", op, tuple(inputs), tuple(o[0] for o in outputs),
-                               attrs))
-        return outputs[0][0]
-
-    def build(self) -> Graph:
-        return make_graph(self.name, self.nodes, self.tensors.values(), self.inputs, self.outputs)
+        super().__init__(name, node_name=lambda op, output, index: f"{output}/{op}")
 
 
 @dataclass(frozen=True)
