@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -316,10 +316,14 @@ class Session:
     # --- generation ----------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, sampling: Any = None,
                  stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), add_special: bool = True,
-                 ignore_eos: bool = False) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, or token ids used as they are)."""
+                 ignore_eos: bool = False, on_token: Callable[[int, str], object] | None = None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, or token ids used as they are).
+
+        ``on_token(token_id, text_piece)`` is called for every generated token as it is sampled (the piece may be
+        empty while a character or a possible stop string is incomplete); a true return value stops generation
+        there (finish reason "stop"). The text still held back at the end is in ``result.text``."""
         for _ in self._generation(prompt, max_new_tokens, sampling, stop, stop_token_ids, add_special, ignore_eos,
-                                  stream=False):
+                                  stream=False, on_token=on_token):
             pass
         assert self.last_result is not None
         return self.last_result
@@ -344,7 +348,8 @@ class Session:
         return [int(t) for t in prompt]
 
     def _generation(self, prompt: str | Sequence[int], max_new: int, sampling: Any, stop: Sequence[str],
-                    stop_ids: Sequence[int], add_special: bool, ignore_eos: bool, stream: bool) -> Iterator[str]:
+                    stop_ids: Sequence[int], add_special: bool, ignore_eos: bool, stream: bool,
+                    on_token: Callable[[int, str], object] | None = None) -> Iterator[str]:
         self._generative("generate")
         if isinstance(stop, str):
             stop = (stop,)
@@ -356,7 +361,7 @@ class Session:
             raise SessionError("[runtime] the prompt is empty (no tokens); pass text or token ids")
         stats = GenerationStats(prompt_tokens=len(ids), load_s=self.load_s, plan_cache_hit=self.plan_cache_hit,
                                 bytes_read_per_token=float(self.bytes_per_token))
-        text = TextStream(self.tokenizer, stop) if (stream or stop) else None
+        text = TextStream(self.tokenizer, stop) if (stream or stop or on_token is not None) else None
         eos = frozenset() if ignore_eos else self._bundle.stop_ids
         stops = frozenset(int(t) for t in stop_ids)
         out: list[int] = []
@@ -386,14 +391,17 @@ class Session:
                     finish = "eos"
                     break
                 out.append(token)
+                piece = ""
                 if text is not None:
                     piece = text.push(token)
-                    if text.stopped:
-                        finish = "stop"
                     if piece and stream:
                         yield piece
-                    if text.stopped:
-                        break
+                if on_token is not None and on_token(token, piece):
+                    finish = "stop"
+                    break
+                if text is not None and text.stopped:
+                    finish = "stop"
+                    break
                 if len(out) >= max_new:
                     break
                 if self._kv.length >= self.context and not self.options.kv_window:
