@@ -188,3 +188,12 @@ def test_plan_roundtrip_is_canonical() -> None:
 def test_plan_corrupt_raises_format_error(text: str) -> None:
     with pytest.raises(FormatError, match=r"\[plan\]"):
         ExecutionPlan.from_json(text, path="cache/plan.json")
+
+
+def test_topological_order_is_stable_and_leaves_cycles_out() -> None:
+    from uaii.ir.graph import topological_order
+
+    assert topological_order({0: set(), 1: set(), 2: {0}, 3: {1, 2}}) == [0, 1, 2, 3]
+    assert topological_order({0: {3}, 1: set(), 2: {1}, 3: set()}) == [1, 2, 3, 0]  # ties by the smaller key
+    assert topological_order({5: {9}, 7: {5}}) == [5, 7]  # a dependency outside the keys is ignored
+    assert topological_order({0: set(), 1: {2}, 2: {1}, 3: {1}}) == [0]  # on or behind the 1<->2 cycle: left out

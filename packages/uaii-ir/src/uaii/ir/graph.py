@@ -9,6 +9,7 @@ what a loader produced. Attributes carry their type explicitly because the file 
 from __future__ import annotations
 
 import enum
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -285,6 +286,30 @@ def float_equal(a: float, b: float) -> bool:
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
+def topological_order(deps: Mapping[int, Iterable[int]]) -> list[int]:
+    """Kahn's order of the keys of ``deps`` (node → the nodes it depends on), stable: a node comes as early as its
+    dependencies allow, ties by the smaller key. Nodes on or behind a cycle are left out, so a result shorter than
+    ``deps`` means a cycle; each caller reports that in its own terms. Dependencies outside ``deps`` are ignored."""
+    users: dict[int, list[int]] = {i: [] for i in deps}
+    waiting: dict[int, int] = {}
+    for i, ds in deps.items():
+        inside = {d for d in ds if d in users}
+        waiting[i] = len(inside)
+        for d in inside:
+            users[d].append(i)
+    ready = [i for i, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    return order
+
+
 def make_graph(name: str, nodes: Iterable[Node], tensors: Iterable[Tensor], inputs: Sequence[str],
                outputs: Sequence[str], metadata: Mapping[str, str] | None = None, **kw: Any) -> Graph:
     """Convenience constructor for builders and tests."""
@@ -293,5 +318,5 @@ def make_graph(name: str, nodes: Iterable[Node], tensors: Iterable[Tensor], inpu
 
 
 __all__ = ["IR_VERSION", "MAX_INLINE_BYTES", "AttrType", "AttrValue", "Attribute", "Graph", "Node",
-           "StorageHint", "Tensor", "attr", "float_equal", "make_graph"]
+           "StorageHint", "Tensor", "attr", "float_equal", "make_graph", "topological_order"]
 

@@ -14,7 +14,6 @@ Messages name the node by its 0-based position in ``graph.nodes``::
 from __future__ import annotations
 
 import enum
-import heapq
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import numpy as np
 
 from uaii.ir.dtype import DType
 from uaii.ir.errors import UaiiError, WeightRefError
-from uaii.ir.graph import Graph, Node, Tensor
+from uaii.ir.graph import Graph, Node, Tensor, topological_order
 from uaii.ir.ops.schema import InferCtx, InferError, OpSchema, TensorType
 from uaii.ir.registry import Registry, default_registry
 from uaii.ir.shapes import ShapeError, fmt_shape, shapes_compatible
@@ -283,23 +282,13 @@ def _rule_cycles(c: _Checker) -> None:
 
 def _topo_order(c: _Checker) -> list[int]:
     """Kahn's order, ties by position; nodes on cycles follow in position order."""
-    succ = _edges(c)
-    indeg = [0] * len(succ)
-    for targets in succ:
+    preds: dict[int, set[int]] = {i: set() for i in range(len(c.g.nodes))}
+    for p, targets in enumerate(_edges(c)):
         for t in targets:
-            indeg[t] += 1
-    ready = [i for i, d in enumerate(indeg) if d == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        v = heapq.heappop(ready)
-        order.append(v)
-        for w in succ[v]:
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                heapq.heappush(ready, w)
+            preds[t].add(p)
+    order = topological_order(preds)
     done = set(order)
-    return order + [i for i in range(len(succ)) if i not in done]
+    return order + [i for i in range(len(c.g.nodes)) if i not in done]
 
 
 # --- node rules -------------------------------------------------------------------------------------------

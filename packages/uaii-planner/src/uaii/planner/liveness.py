@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from uaii.ir.graph import Graph, Node
+from uaii.ir.graph import Graph, Node, topological_order
 from uaii.planner.errors import PlannerError
 
 
@@ -23,21 +22,7 @@ def execution_order(graph: Graph) -> tuple[Node, ...]:
         deps.append(d)
     if in_order:
         return graph.nodes
-    succ: list[list[int]] = [[] for _ in graph.nodes]
-    indeg = [len(d) for d in deps]
-    for i, d in enumerate(deps):
-        for j in d:
-            succ[j].append(i)
-    ready = [i for i, k in enumerate(indeg) if k == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, j)
+    order = topological_order(dict(enumerate(deps)))
     if len(order) != len(graph.nodes):
         done = set(order)
         stuck = [graph.nodes[i].name for i in range(len(graph.nodes)) if i not in done]

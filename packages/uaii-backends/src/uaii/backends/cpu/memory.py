@@ -17,6 +17,7 @@ import numpy as np
 
 from uaii.backends.base import BackendError
 from uaii.ir import DType, Graph, Node
+from uaii.ir.graph import topological_order
 from uaii.ir.ops import InferCtx, InferError, OpSchema, TensorType
 from uaii.ir.registry import Registry, default_registry
 from uaii.ir.shapes import ShapeError
@@ -65,26 +66,9 @@ def node_infos(graph: Graph, registry: Registry | None = None) -> list[NodeInfo]
 def topological(graph: Graph) -> list[Node]:
     """Kahn's order, stable: a node comes as early as its inputs allow, ties in graph order."""
     producer = graph.producers()
-    pending: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
     index = {id(n): i for i, n in enumerate(graph.nodes)}
-    for i, n in enumerate(graph.nodes):
-        deps = {index[id(producer[x])] for x in n.inputs if x and x in producer}
-        pending[i] = len(deps)
-        for d in deps:
-            users.setdefault(d, []).append(i)
-    ready = sorted(i for i, c in pending.items() if c == 0)
-    order: list[int] = []
-    import heapq
-
-    heapq.heapify(ready)
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users.get(i, ()):
-            pending[u] -= 1
-            if pending[u] == 0:
-                heapq.heappush(ready, u)
+    deps = {i: {index[id(producer[x])] for x in n.inputs if x and x in producer} for i, n in enumerate(graph.nodes)}
+    order = topological_order(deps)
     if len(order) != len(graph.nodes):
         raise BackendError(f"[backend] graph {graph.name!r} has a cycle")
     return [graph.nodes[i] for i in order]

@@ -9,14 +9,13 @@ float32); and drops each intermediate once its last consumer has run.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from uaii.ir.dtype import DType
-from uaii.ir.graph import Graph, Node, Tensor
+from uaii.ir.graph import Graph, Node, Tensor, topological_order
 from uaii.ir.reference._common import Array, EvaluationError, f64, is_floatlike, to_dtype
 from uaii.ir.reference.table import REFERENCE_OPS, wants_output_count
 from uaii.ir.registry import Registry, default_registry
@@ -83,23 +82,10 @@ def _schedule(graph: Graph, needed: list[int], producers: dict[str, int]) -> lis
     deps = {i: {producers[x] for x in graph.nodes[i].inputs if x in producers} for i in needed}
     if all(pos[d] < pos[i] for i in needed for d in deps[i]):
         return needed
-    users: dict[int, list[int]] = {i: [] for i in needed}
-    for i in needed:
-        for d in deps[i]:
-            users[d].append(i)
-    waiting = {i: len(deps[i]) for i in needed}
-    ready = [i for i in needed if not waiting[i]]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            waiting[u] -= 1
-            if not waiting[u]:
-                heapq.heappush(ready, u)
+    order = topological_order(deps)
     if len(order) != len(needed):
-        stuck = [graph.nodes[i].name for i in needed if waiting[i]]
+        done = set(order)
+        stuck = [graph.nodes[i].name for i in needed if i not in done]
         raise _fail(f"graph {graph.name!r}", f"nodes {stuck[:5]} depend on themselves (a cycle)")
     return order
 
