@@ -4,7 +4,8 @@ Everything is measured in one run and printed as ratios against two references f
   (a) numpy's f32 matmul (its BLAS) on the dequantized weight, with the same number of threads;
   (b) the machine's memory bandwidth, from a STREAM-like copy (bytes read + written per second).
 GEMV reads the packed weights "cold": it cycles through enough copies of the weight to overflow the last-level
-cache, as a decode step that streams a whole model does. GEMM multiplies 512 rows (prefill).
+cache, as a decode step that streams a whole model does, calling the C entry point with bound arguments as the CPU
+backend does. GEMM multiplies 512 rows (prefill).
 
     python bench/bench_kernels.py            # full table
     python bench/bench_kernels.py --quick    # a short run (a few types and shapes)
@@ -24,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -140,12 +142,20 @@ def cold_copies(w: K.PackedWeight) -> list[K.PackedWeight]:
 
 
 def cycler(ws: list[K.PackedWeight], x: np.ndarray, out: np.ndarray) -> Callable[[], Any]:
-    g = K.get_gemm("c-q8dot")
+    """One GEMV per call on the next weight copy, through ``uk_gemm`` with its arguments bound once, as the CPU
+    backend calls it (uaii.backends.cpu.ops_fast): the kernel's time plus a cffi call (~0.4 us), not the ~2 us of
+    argument checks of the Python IGemm wrapper, which the runtime does not pay per token."""
+    ffi, lib = _native.ffi, _native.lib
+    x2 = np.ascontiguousarray(x, np.float32).reshape(1, -1)
+    xp, yp = ffi.cast("float *", ffi.from_buffer(x2)), ffi.cast("float *", ffi.from_buffer(out))
+    calls = [partial(lib.uk_gemm, w.dtype.gguf_id, w.pointer(), w.n, w.k, xp, 1, w.k, yp, w.n, 0) for w in ws]
+    keep = (x2, out)
     state = [0]
 
     def run() -> None:
-        i = state[0] = (state[0] + 1) % len(ws)
-        g.gemm(x, ws[i], out)
+        i = state[0] = (state[0] + 1) % len(calls)
+        if calls[i]() != 0:
+            raise RuntimeError(f"uk_gemm failed on copy {i} of {keep[0].shape}")
 
     return run
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -61,6 +64,64 @@ def test_simd_matches_scalar(dt: DType, isa: str, rng: np.random.Generator) -> N
         np.testing.assert_allclose(K.matmul(x[:m], w), e, rtol=2e-5, atol=2e-5 * np.abs(e).max())
     np.testing.assert_allclose(K.get_gemm("c-f32").gemm(x, w), expected_f32, rtol=2e-5,
                                atol=2e-5 * np.abs(expected_f32).max())
+
+
+# Decode shapes of every type with a wide GEMV kernel (x86_gemv512.inc): row lengths with 0-3 blocks past the
+# last group of 4 (masked loads), row counts around the 4-row unrolling, 1-3 activation rows
+WIDE_K = {DType.Q4_0: (32, 64, 96, 128, 160, 576, 1056), DType.Q4_1: (32, 96, 224, 576, 2080),
+          DType.Q4_K: (256, 512, 1536), DType.Q8_0: (32, 64, 96, 128, 160, 576, 2080)}
+
+
+@pytest.mark.parametrize("dt", list(WIDE_K), ids=lambda d: d.value)
+def test_decode_rows_match_scalar(dt: DType, isa: str, rng: np.random.Generator) -> None:
+    for k in WIDE_K[dt]:
+        for n in (1, 3, 4, 9):
+            w = _weight(dt, n, k, seed=k + n)
+            x = rng.standard_normal((3, k)).astype(np.float32)
+            # the size of the terms, not of their sum: a single output may nearly cancel
+            scale = float((np.abs(x) @ np.abs(w.dequantize()).T).max())
+            for m in (1, 2, 3):
+                with K.use_isa("scalar"):
+                    expected = K.matmul(x[:m], w)
+                np.testing.assert_allclose(K.matmul(x[:m], w), expected, rtol=2e-5, atol=2e-6 * scale,
+                                           err_msg=f"k={k} n={n} m={m}")
+
+
+GUARDED_GEMV = """
+import ctypes, mmap, sys
+import numpy as np
+import uaii.kernels as K
+from uaii.ir.dtype import DType
+from uaii.kernels.testing import random_weight
+
+libc, page = ctypes.CDLL(None), mmap.PAGESIZE
+dt, k, isa = DType.parse(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+raw = random_weight(dt, 5, k, 3)
+size = (raw.nbytes + page - 1) // page * page
+region = mmap.mmap(-1, size + page)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(region))
+assert libc.mprotect(ctypes.c_void_p(addr + size), page, 0) == 0        # PROT_NONE right after the weight
+buf = np.frombuffer(region, np.uint8, count=size)[size - raw.nbytes:]
+buf[:] = raw
+w = K.PackedWeight.from_raw(buf, dt, (5, k))
+x = np.random.default_rng(0).standard_normal((1, k)).astype(np.float32)
+with K.use_isa("scalar"):
+    expected = K.matmul(x, w)
+with K.use_isa(isa):
+    got = K.matmul(x, w)
+np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+"""
+
+
+@pytest.mark.parametrize("dt", list(WIDE_K), ids=lambda d: d.value)
+def test_decode_reads_nothing_past_the_weight(dt: DType, isa: str) -> None:
+    """The last row ends where an unreadable page begins (in a child process, so that a fault fails this test
+    alone): a kernel that reads past the row, e.g. a full 64-byte load on the 1-3 blocks after the last group of
+    4, crashes the child."""
+    k = 576 if dt.block_size == 32 else 256
+    proc = subprocess.run([sys.executable, "-c", GUARDED_GEMV, dt.value, str(k), isa], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
 
 
 def test_layouts_out_and_strides(rng: np.random.Generator) -> None:

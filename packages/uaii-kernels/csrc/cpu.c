@@ -14,6 +14,9 @@ static int current_isa = UK_ISA_SCALAR;
 static int best_isa = UK_ISA_SCALAR;
 static int isa_ok[5];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int has_vbmi;
+
+int uk_cpu_has_vbmi(void) { return has_vbmi; }
 
 #if defined(UK_X86) && (defined(__GNUC__) || defined(__clang__))
 static uint64_t xgetbv0(void) {
@@ -34,12 +37,13 @@ static void detect_x86(void) {
     if (max_leaf < 7) return;
     __cpuid_count(7, 0, a, b, c, d);
     int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    int vnni512 = (c >> 11) & 1;
+    int vnni512 = (c >> 11) & 1, vbmi = (c >> 1) & 1;
     __cpuid_count(7, 1, a, b, c, d);
     int avxvnni = (a >> 4) & 1;
     isa_ok[UK_ISA_AVX2] = avx2 && fma && f16c;
     isa_ok[UK_ISA_AVXVNNI] = isa_ok[UK_ISA_AVX2] && avxvnni;
     isa_ok[UK_ISA_AVX512] = isa_ok[UK_ISA_AVX2] && avx512_os && f && dq && bw && vl && vnni512;
+    has_vbmi = isa_ok[UK_ISA_AVX512] && vbmi;
 }
 #endif
 

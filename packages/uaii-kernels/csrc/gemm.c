@@ -1,6 +1,7 @@
 /* gemm.c — y = x . W^T with W [n, k] packed in its storage type. The weight rows are split into chunks taken
  * from an atomic counter by the pool's threads. Paths:
- *   int:   activations quantized to 32-blocks (uk_quantize_act); decode rows use the direct per-type dot kernels,
+ *   int:   activations quantized to 32-blocks (uk_quantize_act); decode rows use the direct per-type dot kernels
+ *          (or, where the ISA has them, the wide GEMV kernels on an activation row rearranged once per call),
  *          larger batches repack a chunk of weight rows into the tile form (repack.c) once and run the tile kernel
  *          over every activation row, so the packed weight is read once per call.
  *   float: F32 rows are used in place, F16/BF16 chunks are widened to f32, then the f32 tile kernel.
@@ -26,6 +27,8 @@ typedef struct {
     int64_t ldy;
     int8_t *aq;
     float *ad, *as;
+    uint8_t *prep;          /* wide GEMV: the rearranged activation rows, prep_stride bytes apart; else NULL */
+    int64_t prep_stride;
     int64_t chunk, n_chunks;
     _Atomic int64_t next;
     _Atomic int failed;
@@ -36,6 +39,11 @@ static void process_chunk(gemm_ctx *c, int ith, int64_t i0, int64_t nr) {
     const uint8_t *w = c->w + i0 * c->row_bytes;
     float *y = c->y + i0;
     if (c->path == PATH_INT) {
+        if (c->prep) {
+            for (int64_t j = 0; j < c->m; j++)
+                uk_kt.dotw[c->type](k, w, c->row_bytes, nr, c->prep + j * c->prep_stride, y + j * c->ldy);
+            return;
+        }
         uk_dotq_fn dot = uk_kt.dotq[c->type];
         if (dot && c->m <= GEMV_MAX_M) {
             for (int64_t i = 0; i < nr; i++)
@@ -155,6 +163,13 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
         } else {
             qact_ctx q = {.x = x, .ldx = ldx, .k = k, .nb = nb, .m = m, .aq = aq, .ad = c.ad, .as = c.as};
             uk_parallel_run(qact_task, &q, (int)UK_MIN((int64_t)nthreads, m));
+        }
+        if (m <= GEMV_MAX_M && uk_kt.dotw[type]) {
+            c.prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
+            c.prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c.prep_stride));
+            if (!c.prep) { rc = UK_E_NOMEM; goto done; }
+            for (int64_t j = 0; j < m; j++)
+                uk_kt.gprep[type](k, aq + j * k, c.ad + j * nb, c.as + j * nb, c.prep + j * c.prep_stride);
         }
     }
     uk_parallel_run(gemm_task, &c, tasks);

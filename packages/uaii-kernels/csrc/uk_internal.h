@@ -146,6 +146,12 @@ void uk_q8a_ref(const float *x, int64_t k, int8_t *q, float *d, float *s);
 /* direct integer GEMV: one weight row . quantized activation row */
 typedef float (*uk_dotq_fn)(int64_t k, const void *w, const int8_t *aq, const float *ad, const float *as);
 typedef float (*uk_dotf_fn)(int64_t k, const void *w, const float *x);
+/* wide GEMV (x86_gemv512.inc): the quantized activation row rearranged once per call by gprep into at most
+   UK_GPREP_BYTES(k) bytes (64-byte aligned), then dotw per weight row */
+typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);
+/* y[i] = row i . prepared activation, for nr weight rows of row_bytes each */
+typedef void (*uk_dotw_fn)(int64_t k, const uint8_t *w, int64_t row_bytes, int64_t nr, const uint8_t *prep, float *y);
+#define UK_GPREP_BYTES(k) ((size_t)(k) * 2 + 512)
 typedef void (*uk_qact_fn)(const float *x, int64_t k, int8_t *q, float *d, float *s);
 /* y[j*ldy + i] = w_i . a_j for nr repacked weight rows (q: k bytes per row, sc: 2k/32 floats, mn: k/32 floats)
    and mr quantized activation rows (q: k bytes, d and s: k/32 floats per row); sign: q is int8 and mn unused */
@@ -160,6 +166,8 @@ typedef struct {
     uk_rows_fn dequant[UK_NTYPES];
     uk_dotq_fn dotq[UK_NTYPES];      /* NULL: repack the row and use tileq */
     uk_dotf_fn dotf[UK_NTYPES];      /* F32, F16, BF16 weights */
+    uk_gprep_fn gprep[UK_NTYPES];    /* with dotw: preferred over dotq for decode rows; NULL: none */
+    uk_dotw_fn dotw[UK_NTYPES];
     uk_qact_fn quant_act;
     uk_tileq_fn tileq;
     uk_tilef_fn tilef;
@@ -184,6 +192,7 @@ void uk_fill_scalar(uk_kernel_table *t);
 void uk_fill_avx2(uk_kernel_table *t);
 void uk_fill_avxvnni(uk_kernel_table *t);
 void uk_fill_avx512(uk_kernel_table *t);
+int uk_cpu_has_vbmi(void);     /* AVX-512 VBMI (byte permutes), for the wide GEMV kernels */
 #endif
 #ifdef UK_NEON
 void uk_fill_neon(uk_kernel_table *t);

@@ -12,9 +12,11 @@
 #include "x86_quant.inc"
 #include "x86_gemv.inc"
 #include "x86_gemm.inc"
+#include "x86_gemv512.inc"
 
 void uk_fill_avx512(uk_kernel_table *t) {
     fill_ops_avx512(t);
     fill_x86_avx512(t);
+    if (uk_cpu_has_vbmi()) fill_gemv512(t);
 }
 #endif
