@@ -37,13 +37,13 @@ static void detect_x86(void) {
     if (max_leaf < 7) return;
     __cpuid_count(7, 0, a, b, c, d);
     int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    int vnni512 = (c >> 11) & 1, vbmi = (c >> 1) & 1;
+    int vnni512 = (c >> 11) & 1, vbmi = (c >> 1) & 1, bitalg = (c >> 12) & 1;
     __cpuid_count(7, 1, a, b, c, d);
     int avxvnni = (a >> 4) & 1;
     isa_ok[UK_ISA_AVX2] = avx2 && fma && f16c;
     isa_ok[UK_ISA_AVXVNNI] = isa_ok[UK_ISA_AVX2] && avxvnni;
     isa_ok[UK_ISA_AVX512] = isa_ok[UK_ISA_AVX2] && avx512_os && f && dq && bw && vl && vnni512;
-    has_vbmi = isa_ok[UK_ISA_AVX512] && vbmi;
+    has_vbmi = isa_ok[UK_ISA_AVX512] && vbmi && bitalg;
 }
 #endif
 

@@ -192,7 +192,7 @@ void uk_fill_scalar(uk_kernel_table *t);
 void uk_fill_avx2(uk_kernel_table *t);
 void uk_fill_avxvnni(uk_kernel_table *t);
 void uk_fill_avx512(uk_kernel_table *t);
-int uk_cpu_has_vbmi(void);     /* AVX-512 VBMI (byte permutes), for the wide GEMV kernels */
+int uk_cpu_has_vbmi(void);     /* AVX-512 VBMI + BITALG (byte permutes, bit shuffles): the wide GEMV kernels */
 #endif
 #ifdef UK_NEON
 void uk_fill_neon(uk_kernel_table *t);
