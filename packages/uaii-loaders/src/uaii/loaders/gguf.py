@@ -4,6 +4,9 @@ The header is walked by a bounded parser: each length, count and offset is compa
 before anything is allocated, so a file that lies (2^63 tensors, a 2^40-byte string, an offset past the end)
 fails with a :class:`~uaii.ir.FormatError` naming the path and byte offset instead of a MemoryError, a hang or
 a foreign exception. Tensor data is never read; a tensor becomes a :class:`~uaii.loaders.index.TensorInfo`.
+String arrays (a vocabulary of 262,144 tokens, a merge list) become a compact
+:class:`~uaii.tokenizers.string_table.StringTable` (one blob + offsets, ~3 MiB for Gemma 3) rather than a list of
+``str`` (~20 MiB); numeric arrays become numpy arrays.
 
 Versions 2 and 3, ``general.alignment`` (default 32), and split models (``name-00001-of-00003.gguf`` with the
 ``split.*`` keys). The ``gguf`` package (extra ``[gguf]``) is the reference: :func:`cross_check` compares this
@@ -27,6 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from uaii.ir import DType, FormatError, UaiiError
+from uaii.tokenizers import StringTable, release_mapped_pages, scan_gguf_strings
 
 from .errors import require
 from .index import TensorInfo
@@ -168,6 +172,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
                 cur.fail(f"array {key!r} claims {count} items of {size} bytes; only {cur.left} bytes remain",
                          start)
             arr = np.frombuffer(cur.buf, dtype=_NP[itype], count=count, offset=cur.pos).copy()
+            release_mapped_pages(cur.buf, cur.pos, cur.pos + count * size)
             cur.pos += count * size
             return arr.astype(bool) if itype == 7 else arr
         if itype == _T_STRING:
@@ -179,22 +184,16 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
     cur.fail(f"metadata key {key!r} has unknown value type {vtype}", cur.pos - 4)
 
 
-def _read_strings(cur: _Cursor, count: int, key: str) -> list[str]:
-    buf, pos, size = cur.buf, cur.pos, cur.size
-    out: list[str] = []
-    unpack = struct.Struct("<Q").unpack_from
-    for i in range(count):
-        if pos + 8 > size:
-            cur.pos = pos
-            cur.fail(f"array {key!r}: string {i} of {count} starts past the end of the file")
-        (n,) = unpack(buf, pos)
-        pos += 8
-        if n > size - pos:
-            cur.fail(f"array {key!r}: string {i} claims {n} bytes; only {size - pos} remain", pos - 8)
-        out.append(bytes(buf[pos:pos + n]).decode("utf-8", "surrogateescape"))
-        pos += n
-    cur.pos = pos
-    return out
+def _read_strings(cur: _Cursor, count: int, key: str) -> StringTable:
+    size = cur.size
+
+    def fail(i: int, at: int, n: int | None) -> NoReturn:
+        if n is None:
+            cur.fail(f"array {key!r}: string {i} of {count} starts past the end of the file", at)
+        cur.fail(f"array {key!r}: string {i} claims {n} bytes; only {size - at - 8} remain", at)
+
+    table, cur.pos = scan_gguf_strings(cur.buf, cur.pos, count, size, fail)
+    return table
 
 
 def _read_header(cur: _Cursor) -> tuple[int, int, int]:
@@ -432,7 +431,7 @@ def cross_check(path: str | os.PathLike[str]) -> list[str]:
             note(f"missing key {key}")
             continue
         mine, theirs = ours.metadata[key], fld.contents()
-        if isinstance(mine, np.ndarray):
+        if isinstance(mine, np.ndarray | StringTable):
             mine = mine.tolist()
         if mine != theirs and not (isinstance(theirs, float) and np.float32(theirs) == np.float32(mine)):
             note(f"key {key}: {str(mine)[:60]} != {str(theirs)[:60]}")

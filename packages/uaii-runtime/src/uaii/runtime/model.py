@@ -75,7 +75,7 @@ def _load_model(p: Path) -> ModelBundle:
 
     model = load_model(p)
     cfg = model.config
-    tok = _tokenizer(model.tokenizer_files, model.base_dir)
+    tok = _tokenizer(model.tokenizer_files, model.base_dir, model.source_metadata if model.format == "gguf" else None)
     stops = set(cfg.eos_token_ids or ())
     if tok is not None:
         stops |= set(getattr(tok, "stop_ids", ()) or ())
@@ -86,12 +86,14 @@ def _load_model(p: Path) -> ModelBundle:
                        frozenset(stops), info, dict(model.source_metadata or {}))
 
 
-def _tokenizer(files: Mapping[str, Path], base: Path) -> Any:
-    from uaii.tokenizers import load
+def _tokenizer(files: Mapping[str, Path], base: Path, gguf_metadata: Mapping[str, Any] | None = None) -> Any:
+    from uaii.tokenizers import from_gguf_metadata, load
 
     candidates = [files["gguf"]] if "gguf" in files else [base]
     for c in candidates:
         try:
+            if gguf_metadata is not None and "gguf" in files:  # the vocabulary the loader read, not a second copy
+                return from_gguf_metadata(gguf_metadata, c)
             return load(c)
         except Exception as exc:  # a model without a usable tokenizer still runs on token ids
             log.warning("[runtime] no tokenizer for %s: %s", c, exc)

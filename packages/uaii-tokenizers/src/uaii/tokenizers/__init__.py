@@ -16,10 +16,11 @@ from importlib.metadata import version as _version
 from uaii.tokenizers.chat import render as render_chat_template
 from uaii.tokenizers.errors import ChatTemplateError, TokenizerError, TokenizerFormatError
 from uaii.tokenizers.hf import HFTokenizer
-from uaii.tokenizers.loader import ENTRY_POINT_GROUP, TokenizerFormat, formats, load
+from uaii.tokenizers.loader import ENTRY_POINT_GROUP, TokenizerFormat, formats, from_gguf_metadata, load
 from uaii.tokenizers.pieces import PieceTokenizer
 from uaii.tokenizers.pretokenizers import PRE_TOKENIZERS
 from uaii.tokenizers.stream import StreamDecoder
+from uaii.tokenizers.string_table import StringTable, release_mapped_pages, scan_gguf_strings
 from uaii.tokenizers.tokenizer import Tokenizer
 
 __version__ = _version("uaii-tokenizers")
@@ -30,12 +31,16 @@ __all__ = [
     "HFTokenizer",
     "PieceTokenizer",
     "StreamDecoder",
+    "StringTable",
     "Tokenizer",
     "TokenizerError",
     "TokenizerFormat",
     "TokenizerFormatError",
     "__version__",
     "formats",
+    "from_gguf_metadata",
     "load",
+    "release_mapped_pages",
     "render_chat_template",
+    "scan_gguf_strings",
 ]

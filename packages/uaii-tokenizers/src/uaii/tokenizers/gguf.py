@@ -1,27 +1,35 @@
 """Tokenizers from GGUF metadata (`tokenizer.ggml.*`), matching llama.cpp's ids.
 
-* ``gpt2``  byte-level BPE: HF `tokenizers` BPE over the GGUF vocabulary and merges, with the pre-tokenizer regexes
-  of `tokenizer.ggml.pre` (see `pretokenizers`);
-* ``llama`` SentencePiece BPE with scores and byte fallback: a sentencepiece model built from the GGUF pieces
-  (see `spm_proto`);
+* ``gpt2``  byte-level BPE: llama.cpp's algorithm over the GGUF vocabulary and merges (see `bpe`), after the
+  pre-tokenizer regexes of `tokenizer.ggml.pre` (see `pretokenizers`);
+* ``llama`` SentencePiece BPE with scores and byte fallback: llama.cpp's algorithm over the compact piece table
+  (see `spm`);
 * ``bert``  WordPiece: HF `tokenizers` WordPiece with llama.cpp's normalization (lower-case, strip accents, split
   whitespace, punctuation and CJK), the vocabulary's '▁' word starts turned back into '##' continuations.
+
+The vocabulary stays a `StringTable` (one blob, offsets, a hash index) from the metadata reader to the tokenizer:
+Gemma 3's 262,144 pieces never become 262,144 Python strings. HF `tokenizers` (pre-tokenizer regexes, WordPiece) is
+imported only for the models that use it: it is ~3 MiB of RSS that a SentencePiece model does not need.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import sentencepiece as spm
 
-from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
-from uaii.tokenizers import spm_proto
+from uaii.tokenizers.bpe import BpeEncoder
 from uaii.tokenizers.errors import TokenizerError, TokenizerFormatError
 from uaii.tokenizers.gguf_meta import read_metadata
-from uaii.tokenizers.pieces import BYTE, CONTROL, NORMAL, UNKNOWN, FragmentEncoder, PieceTokenizer
+from uaii.tokenizers.pieces import CONTROL, NORMAL, UNKNOWN, FragmentEncoder, PieceTokenizer
 from uaii.tokenizers.pretokenizers import pre_tokenizer
+from uaii.tokenizers.spm import SpmEncoder
+from uaii.tokenizers.string_table import StringTable
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 SUPPORTED_MODELS = ("gpt2", "llama", "bert")
 _K = "tokenizer.ggml."
@@ -49,12 +57,15 @@ def from_metadata(meta: dict[str, Any], path: str) -> PieceTokenizer:
     if model not in SUPPORTED_MODELS:
         raise TokenizerError(f"{path}: tokenizer model {model!r} is not supported; supported: "
                              + ", ".join(SUPPORTED_MODELS))
-    pieces = _get(meta, _K + "tokens", list, path)
+    pieces = _strings(meta, _K + "tokens", path)
     if not pieces:
         raise TokenizerFormatError(f"GGUF tokenizer has no '{_K}tokens' list", path=path)
     n = len(pieces)
-    types = _array(meta, _K + "token_type", n, path, np.full(n, NORMAL, dtype=np.int32)).astype(np.int32)
-    scores = _array(meta, _K + "scores", n, path, np.zeros(n, dtype=np.float32)).astype(np.float32)
+    types = _array(meta, _K + "token_type", n, path, np.full(n, NORMAL, dtype=np.int8))
+    if len(types) and (types.min() < 0 or types.max() > 127):    # kept as int8; a value out of range is no type
+        types = np.clip(types, 0, 127)
+    types = types.astype(np.int8)
+    scores = _array(meta, _K + "scores", n, path, np.zeros(n, dtype=np.float32)).astype(np.float32, copy=False)
     build = {"gpt2": _gpt2, "llama": _llama, "bert": _bert}[model]
     tok = build(meta, path, pieces, types, scores)
     default_bos = {"llama": True, "bert": True}.get(model) or (
@@ -71,9 +82,18 @@ def from_metadata(meta: dict[str, Any], path: str) -> PieceTokenizer:
 
 def _builtin_template(tok: PieceTokenizer) -> None:
     from uaii.tokenizers.chat import builtin_template
-    found = builtin_template(tok._piece_to_id)
+    found = builtin_template(tok.pieces)
     if found is not None:
         tok.chat_template_source, tok.chat_template = found
+
+
+def _strings(meta: dict[str, Any], key: str, path: str) -> StringTable | None:
+    value = meta.get(key)
+    if value is None or isinstance(value, StringTable):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes) and all(isinstance(v, str) for v in value):
+        return StringTable.from_strings(value)
+    raise TokenizerFormatError(f"metadata '{key}' should be a list of strings, found {type(value).__name__}", path=path)
 
 
 def _array(meta: dict[str, Any], key: str, n: int, path: str, default: np.ndarray) -> np.ndarray:
@@ -108,75 +128,34 @@ def _set_specials(tok: PieceTokenizer, meta: dict[str, Any], path: str, model: s
 
 
 # ------------------------------------------------------------------------------------------------ byte-level BPE
-def _gpt2(meta: dict[str, Any], path: str, pieces: list[str], types: np.ndarray, scores: np.ndarray
+def _gpt2(meta: dict[str, Any], path: str, pieces: StringTable, types: np.ndarray, scores: np.ndarray
           ) -> PieceTokenizer:
     pre = pre_tokenizer(_get(meta, _K + "pre", str, path), path=path)
-    merges_raw = _get(meta, _K + "merges", list, path)
-    if merges_raw is None:
+    merges = _strings(meta, _K + "merges", path)
+    if merges is None:
         raise TokenizerFormatError(f"byte-level BPE tokenizer has no '{_K}merges' list", path=path)
-    vocab = {p: i for i, p in enumerate(pieces)}
-    merges = []
-    for m in merges_raw:
-        cut = m.find(" ", 1)
-        if cut < 0:
-            raise TokenizerFormatError(f"BPE merge {m!r} has no space between its two parts", path=path)
-        a, b = m[:cut], m[cut + 1:]
-        if a in vocab and b in vocab and a + b in vocab:   # HF refuses merges outside the vocabulary
-            merges.append((a, b))
-    hf = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    kind = f"gguf:gpt2({pre.name})"
-    return PieceTokenizer(kind=kind, path=path, pieces=pieces, types=types, encoder=_hf_encoder(hf),
-                          normal_piece="bytelevel", clean_up=pre.clean_spaces)
-
-
-def _hf_encoder(hf: Tokenizer) -> FragmentEncoder:
-    def encode(texts: list[str]) -> list[list[int]]:
-        if len(texts) == 1:
-            return [hf.encode(texts[0], add_special_tokens=False).ids]
-        return [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
-    return encode
+    return PieceTokenizer(kind=f"gguf:gpt2({pre.name})", path=path, pieces=pieces, types=types,
+                          encoder=BpeEncoder(pieces, merges, pre), normal_piece="bytelevel", clean_up=pre.clean_spaces)
 
 
 # ------------------------------------------------------------------------------------------- SentencePiece (SPM)
-def _llama(meta: dict[str, Any], path: str, pieces: list[str], types: np.ndarray, scores: np.ndarray
+def _llama(meta: dict[str, Any], path: str, pieces: StringTable, types: np.ndarray, scores: np.ndarray
            ) -> PieceTokenizer:
-    sp_types = spm_proto.sentencepiece_types(types)
     unk_meta = meta.get(_K + "unknown_token_id")
-    unk_ids = [i for i, t in enumerate(sp_types) if t == UNKNOWN]
+    unk_ids = np.flatnonzero(types == UNKNOWN)
     unk = int(unk_meta) if isinstance(unk_meta, (int, np.integer)) and 0 <= unk_meta < len(pieces) else (
-        unk_ids[0] if unk_ids else 0)
-    for i in unk_ids:
-        sp_types[i] = NORMAL
-    sp_types[unk] = UNKNOWN
-    names = spm_proto.unique_pieces(pieces, sp_types)
-    byte_ids = [i for i, t in enumerate(sp_types) if t == BYTE]
-    byte_fallback = len({names[i] for i in byte_ids} & {f"<0x{b:02X}>" for b in range(256)}) == 256
-    if not byte_fallback:
-        for i in byte_ids:
-            sp_types[i] = NORMAL
-    proto = spm_proto.build_model_proto(names, scores, sp_types, unk_id=unk, byte_fallback=byte_fallback)
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.LoadFromSerializedProto(proto)
-    except (RuntimeError, OSError) as exc:
-        raise TokenizerFormatError(f"SentencePiece vocabulary is unusable: {exc}", path=path) from None
+        int(unk_ids[0]) if len(unk_ids) else 0)
     add_space_prefix = bool(_get(meta, _K + "add_space_prefix", bool, path, True))
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return sp.encode(texts)
-
-    tok = PieceTokenizer(kind="gguf:llama", path=path, pieces=pieces, types=types, encoder=encode,
-                         normal_piece="spm", add_space_prefix=add_space_prefix)
-    tok._sp = sp  # type: ignore[attr-defined]  # keep the processor alive with the tokenizer
-    return tok
+    return PieceTokenizer(kind="gguf:llama", path=path, pieces=pieces, types=types,
+                          encoder=SpmEncoder(pieces, scores, unk), normal_piece="spm",
+                          add_space_prefix=add_space_prefix)
 
 
 # ---------------------------------------------------------------------------------------------- WordPiece (BERT)
-def _bert(meta: dict[str, Any], path: str, pieces: list[str], types: np.ndarray, scores: np.ndarray
+def _bert(meta: dict[str, Any], path: str, pieces: StringTable, types: np.ndarray, scores: np.ndarray
           ) -> PieceTokenizer:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
     vocab: dict[str, int] = {}
     for i, (p, t) in enumerate(zip(pieces, types.tolist(), strict=True)):
         if t == CONTROL:
@@ -196,3 +175,11 @@ def _bert(meta: dict[str, Any], path: str, pieces: list[str], types: np.ndarray,
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     return PieceTokenizer(kind="gguf:bert", path=path, pieces=pieces, types=types, encoder=_hf_encoder(hf),
                           normal_piece="spm", clean_up=True)
+
+
+def _hf_encoder(hf: Tokenizer) -> FragmentEncoder:
+    def encode(texts: list[str]) -> list[list[int]]:
+        if len(texts) == 1:
+            return [hf.encode(texts[0], add_special_tokens=False).ids]
+        return [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
+    return encode

@@ -2,8 +2,9 @@
 
 `gguf.GGUFReader` maps every field of every tensor and takes seconds on a 262k-token vocabulary; a tokenizer only
 needs the key/value section, so this reader walks it once with `struct` (and numpy for numeric arrays) and reports a
-truncated or corrupt file as a `TokenizerFormatError` with the byte offset where decoding failed. The value-type
-numbers and key names come from the `gguf` package.
+truncated or corrupt file as a `TokenizerFormatError` with the byte offset where decoding failed. String arrays
+(tokens, merges) become compact `StringTable`s, never lists of `str`. The value-type numbers are GGUF's own; the
+`gguf` package is not imported: importing it alone costs ~5 MiB of RSS.
 """
 
 from __future__ import annotations
@@ -11,20 +12,19 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
-from gguf.constants import GGUF_MAGIC, GGUFValueType
 
 from uaii.tokenizers.errors import TokenizerError, TokenizerFormatError
+from uaii.tokenizers.string_table import StringTable, release_mapped_pages, scan_gguf_strings
 
-_SCALAR = {
-    GGUFValueType.UINT8: ("B", np.uint8), GGUFValueType.INT8: ("b", np.int8),
-    GGUFValueType.UINT16: ("H", np.uint16), GGUFValueType.INT16: ("h", np.int16),
-    GGUFValueType.UINT32: ("I", np.uint32), GGUFValueType.INT32: ("i", np.int32),
-    GGUFValueType.FLOAT32: ("f", np.float32), GGUFValueType.BOOL: ("?", np.bool_),
-    GGUFValueType.UINT64: ("Q", np.uint64), GGUFValueType.INT64: ("q", np.int64),
-    GGUFValueType.FLOAT64: ("d", np.float64),
+GGUF_MAGIC = 0x46554747    # b"GGUF" read as a little-endian u32
+_STRING, _ARRAY = 8, 9     # GGUF value types; the others are the scalars below
+_SCALAR: dict[int, tuple[str, type[np.generic]]] = {
+    0: ("B", np.uint8), 1: ("b", np.int8), 2: ("H", np.uint16), 3: ("h", np.int16), 4: ("I", np.uint32),
+    5: ("i", np.int32), 6: ("f", np.float32), 7: ("?", np.bool_), 10: ("Q", np.uint64), 11: ("q", np.int64),
+    12: ("d", np.float64),
 }
 _MAX_KV = 1 << 20          # a sane upper bound: real files have tens of keys
 _MAX_ARRAY = 1 << 28       # elements in one array
@@ -57,22 +57,18 @@ class _Cursor:
         at = self.take(n, what)
         return _text(bytes(self.buf[at:at + n]))
 
-    def string_array(self, count: int, what: str) -> list[str]:
-        buf, unpack, e = self.buf, struct.Struct(self.e + "Q").unpack_from, self.end
-        pos, out = self.pos, list[str]()
-        append = out.append
-        for i in range(count):
-            if pos + 8 > e:
-                raise self.fail(f"{what}[{i}] length runs past end of file (size {e:#x}); truncated GGUF", pos)
-            (n,) = unpack(buf, pos)
-            pos += 8
-            if pos + n > e:
-                raise self.fail(f"{what}[{i}] of {n} bytes runs past end of file (size {e:#x}); truncated GGUF",
-                                pos - 8)
-            append(_text(buf[pos:pos + n]))
-            pos += n
-        self.pos = pos
-        return out
+    def string_array(self, count: int, what: str) -> StringTable:
+        e = self.end
+
+        def fail(i: int, at: int, n: int | None) -> NoReturn:
+            if n is None:
+                raise self.fail(f"{what}[{i}] length runs past end of file (size {e:#x}); truncated GGUF", at)
+            raise self.fail(f"{what}[{i}] of {n} bytes runs past end of file (size {e:#x}); truncated GGUF", at)
+
+        if count > (e - self.pos) // 8:
+            raise self.fail(f"{what} claims {count} strings; only {e - self.pos} bytes remain; truncated GGUF")
+        table, self.pos = scan_gguf_strings(self.buf, self.pos, count, e, fail, self.e)
+        return table
 
 
 def _text(raw: bytes) -> str:
@@ -84,30 +80,32 @@ def _text(raw: bytes) -> str:
 
 
 def _value(cur: _Cursor, vtype: int, key: str) -> Any:
-    if vtype == GGUFValueType.STRING:
+    if vtype == _STRING:
         return cur.string(f"value of '{key}'")
-    if vtype == GGUFValueType.ARRAY:
+    if vtype == _ARRAY:
         at = cur.pos
         etype = cur.scalar("I", f"element type of '{key}'")
         count = cur.scalar("Q", f"length of '{key}'")
         if count > _MAX_ARRAY:
             raise cur.fail(f"array '{key}' claims {count} elements; corrupt GGUF", at)
-        if etype == GGUFValueType.STRING:
+        if etype == _STRING:
             return cur.string_array(count, f"'{key}'")
         if etype in _SCALAR:
-            dtype = np.dtype(_SCALAR[GGUFValueType(etype)][1]).newbyteorder(cur.e)
+            dtype = np.dtype(_SCALAR[etype][1]).newbyteorder(cur.e)
             start = cur.take(count * dtype.itemsize, f"array '{key}'")
-            return np.frombuffer(cur.buf, dtype=dtype, count=count, offset=start).astype(dtype.newbyteorder("="))
-        if etype == GGUFValueType.ARRAY:
-            return [_value(cur, GGUFValueType.ARRAY, f"{key}[{i}]") for i in range(count)]
+            arr = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=start).astype(dtype.newbyteorder("="))
+            release_mapped_pages(cur.buf, start, cur.pos)
+            return arr
+        if etype == _ARRAY:
+            return [_value(cur, _ARRAY, f"{key}[{i}]") for i in range(count)]
         raise cur.fail(f"array '{key}' has unknown element type {etype}", at)
     if vtype in _SCALAR:
-        return cur.scalar(_SCALAR[GGUFValueType(vtype)][0], f"value of '{key}'")
+        return cur.scalar(_SCALAR[vtype][0], f"value of '{key}'")
     raise cur.fail(f"key '{key}' has unknown value type {vtype}; corrupt GGUF", cur.pos - 4)
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Return the key/value metadata of the GGUF file at `path` (strings, numbers, numpy arrays, lists)."""
+    """Return the key/value metadata of the GGUF file at `path` (strings, numbers, numpy arrays, string tables)."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:

@@ -15,16 +15,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import sentencepiece as spm
 
-from tokenizers import Tokenizer as HFCore
-from tokenizers import processors
 from uaii.tokenizers.errors import TokenizerError, TokenizerFormatError
 from uaii.tokenizers.pieces import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, PieceTokenizer
 from uaii.tokenizers.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # imported where used: a GGUF tokenizer needs neither (together ~5 MiB of RSS)
+    import sentencepiece as spm
+
+    from tokenizers import Tokenizer as HFCore
 
 # tokenizer_class -> (add_bos_token, add_eos_token) defaults of the transformers classes that rebuild the template
 _TEMPLATE_CLASSES = {
@@ -125,6 +127,8 @@ class HFTokenizer(Tokenizer):
         bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
         if (add_bos and (bos is None or self.bos_id is None)) or (add_eos and (eos is None or self.eos_id is None)):
             raise TokenizerError(f"{self.path}: add_bos_token/add_eos_token set but the token is not in the vocabulary")
+        from tokenizers import processors
+
         single = (f"{bos}:0 " if add_bos else "") + "$A:0" + (f" {eos}:0" if add_eos else "")
         pair = single + (f" {bos}:1" if add_bos else "") + " $B:1" + (f" {eos}:1" if add_eos else "")
         specials = ([(bos, self.bos_id)] if add_bos else []) + ([(eos, self.eos_id)] if add_eos else [])
@@ -142,6 +146,8 @@ class HFTokenizer(Tokenizer):
 
     def _splitting_core(self) -> HFCore:
         if self._split_core is None:
+            from tokenizers import Tokenizer as HFCore
+
             core = HFCore.from_str(self._core.to_str())
             core.encode_special_tokens = True            # transformers' split_special_tokens=True
             self._split_core = core
@@ -169,6 +175,8 @@ def load_tokenizer_json(path: Path) -> HFTokenizer:
     """A tokenizer.json file (or a directory that holds one) and its tokenizer_config.json."""
     file = path / "tokenizer.json" if path.is_dir() else path
     directory = file.parent
+    from tokenizers import Tokenizer as HFCore
+
     read_json(file)  # a clear error with the byte offset for broken JSON, before HF's own message
     try:
         core = HFCore.from_file(str(file))
@@ -179,6 +187,8 @@ def load_tokenizer_json(path: Path) -> HFTokenizer:
 
 def load_sentencepiece(path: Path) -> PieceTokenizer:
     """A SentencePiece `.model` file (or a directory with tokenizer.model) and its tokenizer_config.json."""
+    import sentencepiece as spm
+
     file = path / "tokenizer.model" if path.is_dir() else path
     sp = spm.SentencePieceProcessor()
     try:

@@ -9,11 +9,12 @@ in `priority` order (lower first); the first that accepts the path loads it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from uaii.ir.errors import UaiiError
 from uaii.tokenizers.errors import TokenizerError, TokenizerFormatError
@@ -115,12 +116,30 @@ def load(path: str | os.PathLike[str]) -> Tokenizer:
         raise TokenizerError(f"{p}: cannot read ({exc.strerror})") from None
     if fmt is None:
         raise TokenizerError(f"{p}: no tokenizer found; supported: {supported()}")
+    return _guarded(p, fmt.name, lambda: fmt.load(p))
+
+
+def from_gguf_metadata(metadata: Mapping[str, Any], path: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer of a GGUF file whose key/value metadata is already parsed (by uaii.loaders' reader).
+
+    The vocabulary arrays are then shared with that metadata instead of being read from the file and held twice
+    (for Gemma 3, 5 MiB and 0.1 s saved). `metadata` is the reader's: string arrays as `StringTable`s or lists,
+    numeric arrays as numpy arrays.
+    """
+    from uaii.tokenizers.gguf import from_metadata
+
+    p = Path(os.fspath(path))
+    return _guarded(p, GGUF_FORMAT.name, lambda: from_metadata(dict(metadata), str(p)))
+
+
+def _guarded(p: Path, name: str, build: Callable[[], Tokenizer]) -> Tokenizer:
+    """Run a loader; anything but a UaiiError becomes a `TokenizerFormatError` that names the path."""
     try:
-        return fmt.load(p)
+        return build()
     except UaiiError:
         raise
     except MemoryError:
         raise TokenizerFormatError("tokenizer data too large to load (corrupt sizes?)", path=str(p)) from None
     except Exception as exc:
-        raise TokenizerFormatError(f"cannot load {fmt.name} tokenizer: {type(exc).__name__}: {exc}",
+        raise TokenizerFormatError(f"cannot load {name} tokenizer: {type(exc).__name__}: {exc}",
                                    path=str(p)) from exc
