@@ -1,5 +1,8 @@
 /* gemm.c — y = x . W^T with W [n, k] packed in its storage type. The weight rows are split into chunks taken
- * from an atomic counter by the pool's threads. Paths:
+ * from atomic counters by the pool's threads: each task starts on its own contiguous share of the chunks (one
+ * sequential stream of weight bytes per core, which the hardware prefetchers follow across chunks; interleaved
+ * chunks would restart them every few KiB) and then helps with the others' shares, so a descheduled thread on a
+ * busy machine costs at most the chunk it holds. Paths:
  *   int:   activations quantized to 32-blocks (uk_quantize_act); decode rows use the direct per-type dot kernels
  *          (or, where the ISA has them, the wide GEMV kernels on an activation row rearranged once per call),
  *          larger batches repack a chunk of weight rows into the tile form (repack.c) once and run the tile kernel
@@ -16,6 +19,12 @@
 
 enum { PATH_FLOAT, PATH_INT, PATH_DEQUANT };
 
+#define MAX_SHARES 16     /* contiguous shares of the chunks, one per task (tasks beyond share the shares) */
+typedef struct {
+    _Alignas(64) _Atomic int64_t next;    /* own cache line: the counters are hit by different cores */
+    int64_t end;
+} share_t;
+
 typedef struct {
     int type, path;
     const uk_traits_t *tr;
@@ -30,7 +39,8 @@ typedef struct {
     uint8_t *prep;          /* wide GEMV: the rearranged activation rows, prep_stride bytes apart; else NULL */
     int64_t prep_stride;
     int64_t chunk, n_chunks;
-    _Atomic int64_t next;
+    int n_shares;
+    share_t shares[MAX_SHARES];
     _Atomic int failed;
 } gemm_ctx;
 
@@ -84,11 +94,14 @@ static void process_chunk(gemm_ctx *c, int ith, int64_t i0, int64_t nr) {
 static void gemm_task(void *arg, int ith, int nth) {
     (void)nth;
     gemm_ctx *c = arg;
-    for (;;) {
-        const int64_t ch = atomic_fetch_add(&c->next, 1);
-        if (ch >= c->n_chunks) break;
-        const int64_t i0 = ch * c->chunk;
-        process_chunk(c, ith, i0, UK_MIN(c->chunk, c->n - i0));
+    for (int j = 0; j < c->n_shares; j++) {            /* own share first, then help with the others */
+        share_t *sh = &c->shares[(ith + j) % c->n_shares];
+        for (;;) {
+            const int64_t ch = atomic_fetch_add(&sh->next, 1);
+            if (ch >= sh->end) break;
+            const int64_t i0 = ch * c->chunk;
+            process_chunk(c, ith, i0, UK_MIN(c->chunk, c->n - i0));
+        }
     }
 }
 
@@ -149,6 +162,11 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     c.n_chunks = (n + c.chunk - 1) / c.chunk;
     const double work = (double)n * (double)k * (double)m;
     const int tasks = work < 32768.0 ? 1 : (int)UK_MIN((int64_t)nthreads, c.n_chunks);
+    c.n_shares = UK_MIN(tasks, MAX_SHARES);
+    for (int h = 0; h < c.n_shares; h++) {
+        atomic_init(&c.shares[h].next, c.n_chunks * h / c.n_shares);
+        c.shares[h].end = c.n_chunks * (h + 1) / c.n_shares;
+    }
     int rc = UK_OK;
     uk_parallel_begin();
     if (c.path == PATH_INT) {
