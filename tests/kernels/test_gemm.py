@@ -66,8 +66,8 @@ def test_simd_matches_scalar(dt: DType, isa: str, rng: np.random.Generator) -> N
                                atol=2e-5 * np.abs(expected_f32).max())
 
 
-# Decode shapes of every type with a wide GEMV kernel (x86_gemv512.inc): row lengths with 0-3 blocks past the
-# last group of 4 (masked loads), row counts around the 4-row unrolling, 1-3 activation rows
+# Decode shapes of the types with a wide GEMV kernel (x86_gemv512.inc), and Q8_0 (the 256-bit kernel): row lengths
+# with 0-3 blocks past the last group of 4 (masked loads), row counts around the 4-row unrolling, 1-3 activation rows
 WIDE_K = {DType.Q4_0: (32, 64, 96, 128, 160, 576, 1056), DType.Q4_1: (32, 96, 224, 576, 2080),
           DType.Q4_K: (256, 512, 1536), DType.Q8_0: (32, 64, 96, 128, 160, 576, 2080),
           DType.Q5_0: (32, 64, 96, 128, 160, 640, 2080)}
