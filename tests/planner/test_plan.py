@@ -115,6 +115,16 @@ def test_key_covers_graph_options_and_versions(monkeypatch: pytest.MonkeyPatch) 
     assert k != plan_key(g, PlannerOptions())
 
 
+def test_key_covers_the_planner_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A development checkout changes planning rules without a version bump: a plan cached before must miss."""
+    g = llama(1)
+    digest = planner_module.source_digest()
+    assert len(digest) == 64 and digest == planner_module.source_digest()
+    k = plan_key(g, PlannerOptions())
+    monkeypatch.setattr(planner_module, "source_digest", lambda: "0" * 64)
+    assert k != plan_key(g, PlannerOptions())
+
+
 def test_second_plan_is_a_cache_hit_that_skips_planning(builds: list[str], _cache_dir: Path) -> None:
     g = llama(2)
     first, hit1 = plan(g, PlannerOptions(max_tokens=64))

@@ -2,7 +2,8 @@
 
 ``plan(graph, options)`` validates the graph, looks the plan up in the disk cache by its key, and otherwise runs
 :func:`build_plan` and stores the result. The key is the sha256 of the graph's canonical IR bytes (codec 2), the
-options' canonical JSON and the versions of uaii-ir and uaii-planner, so a new release never reuses a stale plan.
+options' canonical JSON, the versions of uaii-ir and uaii-planner and a digest of the planner's own source, so
+neither a new release nor a changed planner between releases (a development checkout) reuses a stale plan.
 Placement (which device runs each step) is a callback applied to the steps after planning and after a cache hit
 alike; it is not part of the key, and the cached plan holds the default device.
 
@@ -16,7 +17,9 @@ import hashlib
 import json
 import logging
 from dataclasses import replace
+from functools import cache
 from importlib import metadata
+from pathlib import Path
 
 from uaii.ir.graph import Graph
 from uaii.ir.plan import PLAN_FORMAT_VERSION, ExecutionPlan
@@ -46,12 +49,24 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+@cache
+def source_digest() -> str:
+    """sha256 of the planner's Python sources: the version stays the same across development commits, whose
+    planning rules may not (a plan cached by an older checkout would otherwise be served as a hit)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode("utf-8") + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def plan_key(graph: Graph, options: PlannerOptions | None = None) -> str:
-    """sha256 (hex) of canonical IR bytes + canonical options JSON + package versions + plan format."""
+    """sha256 (hex) of canonical IR bytes + canonical options JSON + package versions + the planner's source digest
+    + plan format."""
     opts = options if options is not None else PlannerOptions()
     h = hashlib.sha256()
     for part in (b"uaii-plan", to_bytes(graph), opts.to_json().encode("utf-8"),
-                 json.dumps({"versions": package_versions(), "plan_format": PLAN_FORMAT_VERSION},
+                 json.dumps({"versions": package_versions(), "planner_source": source_digest(),
+                             "plan_format": PLAN_FORMAT_VERSION},
                             sort_keys=True).encode("utf-8")):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
