@@ -8,7 +8,7 @@ PACKAGES := ir runtime kernels backends loaders tokenizers planner storage capi
 PYTEST_FLAGS ?= -q
 
 .PHONY: help setup demo capi test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage clean \
+        bench-generate bench-storage bench-kv clean \
         $(addprefix test-,$(PACKAGES))
 
 help: ## list the targets
@@ -60,8 +60,12 @@ bench-kernels: setup ## GEMV/GEMM throughput per weight type against numpy and t
 bench-generate: setup ## prefill/decode tok/s and RSS on SmolLM2 and Gemma-3 vs transformers and llama.cpp figures
 	$(PY) bench/bench_generate.py
 
-bench-storage: setup ## budgets 100-10 %, synthetic 4 GB llama/MoE, KV window: tok/s, RSS, bytes/token (STORAGE_ARGS=--quick)
+bench-storage: setup ## budgets 100-10 %, synthetic 4 GB llama/MoE, KV window: tok/s, RSS, bytes/token, then bench-kv (STORAGE_ARGS=--quick)
 	$(PY) bench/bench_storage.py $(STORAGE_ARGS)
+	$(if $(findstring --only,$(STORAGE_ARGS)),,$(PY) bench/bench_kv_positions.py $(filter --quick,$(STORAGE_ARGS)))
+
+bench-kv: setup ## KV window perplexity: absolute vs StreamingLLM cache positions, with/without sinks (KV_ARGS=--quick)
+	$(PY) bench/bench_kv_positions.py $(KV_ARGS)
 
 bench: bench-kernels bench-generate ## all benchmarks
 

@@ -2,9 +2,9 @@
 
 1. SmolLM2-135M and Gemma-3-270M at budgets of 100, 50, 25 and 10 % of their weight bytes: decode tok/s (x the
    unbudgeted run), peak RSS (against budget + 64 MiB), weight bytes read per token (against the plan's ideal),
-   effective read GB/s (bytes read / time of the forward passes, against the raw O_DIRECT sequential bandwidth
-   measured in this run) and whether the greedy tokens equal the unbudgeted run's. One row also goes through the
-   CLI (`uaii bench --budget`).
+   effective read GB/s (bytes read / time of the forward passes, against the raw O_DIRECT sequential bandwidth of
+   the model file: median of 3 reads before each budgeted run) and whether the greedy tokens equal the unbudgeted run's.
+   One row also goes through the CLI (`uaii bench --budget`).
 2. The synthetic llama GGUF (Llama-3-8B layer shapes, >= 4 GB, bench/synth_gguf.py) at a 1 GiB budget: the same
    figures over a few tokens.
 3. The synthetic MoE GGUF (64 experts, top-4, >= 4 GB): bytes read per token against the ideal (top-k experts plus
@@ -14,9 +14,10 @@
    every few hundred tokens, first/last/max and the growth once the window is full.
 
 Every run is its own process (``--worker``), so peak RSS is per run. Targets printed next to the figures: peak RSS
-<= budget + 64 MiB; effective read >= 0.85 x raw; bytes/token <= 1.05 x ideal; RSS growth after the window filled
-<= 16 MiB. A run the runtime cannot do yet (a UaiiError, a "not implemented" warning, a store without streaming
-telemetry) prints ``not available: <reason>`` instead of figures.
+<= budget + 64 MiB; effective read >= 0.85 x raw (x the attainable rate when compute-bound: see
+``attainable_gbps``); bytes/token <= 1.05 x ideal; RSS growth after the window filled <= 16 MiB. A run the runtime
+cannot do yet (a UaiiError, a "not implemented" warning, a store without streaming telemetry) prints ``not
+available: <reason>`` instead of figures.
 
 Bytes read come from the session's storage telemetry (``store.stats()``: ``bytes_read``), looked up as
 ``session.storage_stats()``, ``session.store_stats()``, ``session.store.stats()`` or ``session._store.stats()``;
@@ -47,7 +48,9 @@ sys.path.insert(0, str(BENCH))  # sibling modules: bench_storage_io, synth_gguf
 MiB, GiB, GB = 1 << 20, 1 << 30, 1e9
 RSS_SLACK = 64 * MiB
 READ_TARGET, BYTES_TARGET, KV_GROWTH_TARGET = 0.85, 1.05, 16 * MiB
-CONTEXT = 1024  # tokens of KV cache in the generation runs (prompt + new tokens stay well below)
+CONTEXT_MARGIN = 16  # KV slots beyond prompt + new tokens in the generation runs
+MAX_BATCH = 64  # prefill chunk (tokens per forward pass): the 64-token prompt runs in one pass
+KV_DTYPE = "f16"  # half-precision KV cache in every generation run, budgeted or not
 NOT_IMPLEMENTED = ("not implemented", "not supported", "unsupported")
 
 
@@ -290,13 +293,27 @@ def streaming_row(label: str, res: dict[str, Any], budget: int, raw_gbps: float,
     else:
         cells.append(f"{fmt_bytes(per_tok)}{mark} (ideal 0)")
     if per_tok > 0.01 * (ideal or per_tok) and raw_gbps > 0:
-        ok = gbps >= READ_TARGET * raw_gbps
+        bound = attainable_gbps(per_tok, raw_gbps, ref)
+        ok = gbps >= READ_TARGET * bound
         targets.append(ok)
-        cells.append(f"{gbps:.2f} ({gbps / raw_gbps:.2f}x) {check(ok)}")
+        if bound < raw_gbps:  # compute-bound: judged against what the unbudgeted pass time allows
+            cells.append(f"{gbps:.2f} ({gbps / raw_gbps:.2f}x; compute-bound {gbps / bound:.2f}x) {check(ok)}")
+        else:
+            cells.append(f"{gbps:.2f} ({gbps / raw_gbps:.2f}x) {check(ok)}")
     else:
         cells.append("- (nothing streamed)")
     cells.append(same_tokens(res, ref))
     return cells
+
+
+def attainable_gbps(per_tok: float, raw_gbps: float, ref: dict[str, Any] | None) -> float:
+    """The read rate a perfect streaming run attains: a pass takes at least the unbudgeted pass time (compute) and
+    at least its bytes at the raw bandwidth, so the rate is min(raw, bytes per pass / unbudgeted pass time). Below
+    raw, the run is compute-bound: the disk could deliver its bytes faster than the model consumes them."""
+    if ref is None or not ref.get("passes") or not ref.get("compute_s"):
+        return raw_gbps
+    ref_pass = ref["compute_s"] / ref["passes"]
+    return min(raw_gbps, per_tok / ref_pass / GB)
 
 
 def same_tokens(res: dict[str, Any], ref: dict[str, Any] | None) -> str:
@@ -314,9 +331,12 @@ HEADER = ["budget", "decode tok/s (x none)", "peak RSS (x budget)", "bytes/token
 
 
 def gen_spec(path: Path, options: dict[str, Any], prompt: int, new: int) -> dict[str, Any]:
-    """A generation run. The context is capped (CONTEXT) in every run, budgeted or not: a KV cache sized for the
-    model's full context (Gemma-3: 32768 tokens) would otherwise count against a budget meant for weights."""
-    options = {"max_context": CONTEXT, **options}
+    """A generation run, right-sized alike in every run, budgeted or not: a KV cache of prompt + new tokens (+ a
+    small margin) in f16, and prefill chunks of MAX_BATCH tokens (the activation arena is planned for that many).
+    A KV cache sized for the model's full context (Gemma-3: 32768 tokens) or an arena for 512-token chunks would
+    otherwise count against a budget meant for weights."""
+    options = {"max_context": prompt + new + CONTEXT_MARGIN, "max_batch": MAX_BATCH, "kv_dtype": KV_DTYPE,
+               **options}
     return {"mode": "generate", "path": str(path), "options": options, "prompt_tokens": prompt, "new_tokens": new}
 
 
@@ -337,6 +357,17 @@ def raw_bandwidth(quick: bool) -> float:
     print(f"raw O_DIRECT sequential read (1 thread, 8 MiB, {path.name}): {median(runs):.2f} GB/s median of "
           f"{' '.join(f'{r:.2f}' for r in runs)}\n")
     return median(runs)
+
+
+def file_bandwidth(path: Path, runs: int) -> float:
+    """Raw O_DIRECT sequential read GB/s of ``path`` itself (1 thread, 8 MiB blocks), median of ``runs``: the data
+    and file the streaming runs read, measured between them, so that host-side caching of the virtual disk (single
+    raw runs range from 1.1 to 3.9 GB/s here) affects both figures alike. Benchmark 1 takes the median of every
+    such read of a model as that model's raw figure."""
+    import bench_storage_io as io_bench
+
+    size = path.stat().st_size
+    return median(io_bench.raw_read(path, size, 1, 8 * MiB) for _ in range(runs))
 
 
 def model_path(key: str) -> Path:
@@ -360,17 +391,25 @@ def bench_real(args: argparse.Namespace, raw: float, out: dict[str, Any], target
         ref = spawn(gen_spec(path, {}, 64, new), args.timeout)
         rows, results = [reference_row(ref)], {"none": ref}
         weights = int(ref.get("weight_bytes") or path.stat().st_size)
+        raws: list[float] = []
+        runs = []
         for frac in fractions:
             budget = int(weights * frac)
+            if raw > 0:  # the model file, just before its run
+                raws += [file_bandwidth(path, 1) for _ in range(3)]
             res = spawn(gen_spec(path, {"budget_bytes": budget}, 64, new), args.timeout)
             results[f"{frac:.0%}"] = res
-            rows.append(streaming_row(f"{frac:>4.0%} {fmt_bytes(budget)}", res, budget, raw,
+            runs.append((frac, budget, res))
+        model_raw = out.setdefault("model_raw_gbps", {})[key] = median(raws) if raws else 0.0
+        for frac, budget, res in runs:
+            rows.append(streaming_row(f"{frac:>4.0%} {fmt_bytes(budget)}", res, budget, model_raw,
                                       ref if "error" not in ref else None, targets))
         cli_budget = int(weights * 0.5)
         results["cli 50%"] = cli = cli_run(path, cli_budget, new, args.timeout)
         rows.append(cli_row(cli, cli_budget, ref))
         print(f"{path.name}: weights {fmt_bytes(weights)}, interpreter + runtime baseline RSS "
-              f"{fmt_bytes(ref.get('baseline_rss', 0))}")
+              f"{fmt_bytes(ref.get('baseline_rss', 0))}; raw O_DIRECT read of the model file, 3 times before each "
+              f"budgeted run: median {model_raw:.2f} GB/s (x raw below) of {' '.join(f'{r:.2f}' for r in raws)}")
         table(HEADER, rows)
         print()
         out[key] = results
@@ -538,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             bench_kv(args, out, targets)
     met = sum(targets)
-    print(f"targets: peak RSS <= budget + 64 MiB, effective read >= {READ_TARGET}x raw, bytes/token <= "
+    print(f"targets: peak RSS <= budget + 64 MiB, effective read >= {READ_TARGET}x raw (compute-bound: x the "
+          f"attainable rate, bytes per pass / unbudgeted pass time), bytes/token <= "
           f"{BYTES_TARGET}x ideal, KV growth <= 16 MiB: {met}/{len(targets)} measured figures on target "
           f"({time.perf_counter() - t0:.0f} s)   † bytes from /proc/self/io (no store telemetry)")
     if args.json:

@@ -29,7 +29,10 @@ def test_smollm2_plan(smollm2_path: Path) -> None:
     s = summarize(p)
     assert s["total_bytes"] <= 64 * MiB and s["staging_bytes"] > 0
     modes = {g["group"]: g["mode"] for g in s["groups"]}
-    assert modes["embed"] == modes["blk.0"] == modes["blk.1"] == "pinned" and modes["blk.2"] == "streamed"
+    # blk.2 streams but its norm scales (small vectors) stay pinned
+    assert modes["embed"] == modes["blk.0"] == modes["blk.1"] == "pinned" and modes["blk.2"] == "mixed"
+    blk2 = [w for w in p.storage.weights if w.group == "blk.2"]
+    assert {w.mode for w in blk2 if w.nbytes > 64 * 1024} == {"streamed"}
     assert "lm_head" not in modes  # tied to the embeddings: one table, counted once
     again, hit = plan(model.graph, opts)
     assert hit and again == p
@@ -42,4 +45,5 @@ def test_gemma3_plan_fits_a_tight_budget(gemma3_path: Path) -> None:
     p, _ = plan(model.graph, PlannerOptions(max_tokens=64, budget_bytes=200 * MiB, pin_layers=4), cache=False)
     s = summarize(p)
     assert s["total_bytes"] <= 200 * MiB
-    assert sum(g["mode"] == "streamed" for g in s["groups"]) > 0
+    assert sum(g["mode"] in ("streamed", "mixed") for g in s["groups"]) > 0
+    assert s["streamed_bytes_per_token"] > 0

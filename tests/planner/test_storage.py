@@ -46,12 +46,19 @@ def page(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
-def need(graph: Graph, pinned: Collection[str], arena: int, kv: int = 0, buffers: int = 2) -> int:
-    """The budget a pin set needs, computed independently: pins + buffers x largest streamed step + arena + KV."""
+def need(graph: Graph, pinned: Collection[str], arena: int, kv: int = 0, buffers: int = 2,
+         small: bool = True) -> int:
+    """The budget a pin set needs, computed independently: pins + buffers x largest streamed step + arena + KV.
+    With ``small``, the 1-D weights (norm scales: at most 64 KiB each) are pinned whatever their group."""
     fused = fuse(graph)
     sizes = {t.name: tensor_nbytes(t.dtype, t.shape) for t in fused.weights}
-    held = sum(n for name, n in sizes.items() if group_of(fused.tensor(name)) in pinned)
-    steps = [sum(page(sizes[v]) for v in n.inputs if v in sizes and group_of(fused.tensor(v)) not in pinned)
+
+    def held_by(name: str) -> bool:
+        t = fused.tensor(name)
+        return group_of(t) in pinned or (small and len(t.shape) == 1 and sizes[name] <= 64 * 1024)
+
+    held = sum(n for name, n in sizes.items() if held_by(name))
+    steps = [sum(page(sizes[v]) for v in n.inputs if v in sizes and not held_by(v))
              for n in fused.nodes if n.op != "Embedding"]  # a streamed lookup reads rows, outside staging
     return held + buffers * max(steps) + arena + kv
 
@@ -93,13 +100,16 @@ def test_roomy_budget_pins_globals_embed_lm_head_and_the_first_layers() -> None:
     g = qgraph()
     p = make(g, budget_bytes=64 * MiB, pin_layers=1, kv_cache_bytes=12345)
     assert pinned_groups(p) == {"embed", "lm_head", "norm", "blk.0"}
-    assert modes(p)["blk.1"] == modes(p)["blk.2"] == "streamed"
+    # a streamed layer keeps its norm scales pinned (small vectors)
+    assert modes(p)["blk.1"] == modes(p)["blk.2"] == "mixed"
+    assert {w.ref.split("#")[1] for w in p.storage.weights if w.group == "blk.1" and w.mode == "pinned"} == {
+        "blk.1.attn_norm.weight", "blk.1.ffn_norm.weight"}
     # two buffers, each the largest streamed step: the grouped gate/up MatMul stages both weights at once
     gate_up = 2 * tensor_nbytes(g.tensor("blk.1.ffn_gate.weight").dtype, (512, 256))
     assert p.storage.staging_buffers == (gate_up, gate_up)
     streamed = [w.ref.split("#")[1] for w in p.storage.weights if w.mode == "streamed"]
     assert list(p.storage.prefetch_order) == [f"model.gguf#{n}" for n in streamed]
-    assert streamed[0] == "blk.1.attn_norm.weight" and streamed[-1] == "blk.2.ffn_down.weight"
+    assert streamed[0] == "blk.1.attn_q.weight" and streamed[-1] == "blk.2.ffn_down.weight"
     assert p.storage.streamed_bytes_per_token == sum(w.nbytes for w in p.storage.weights if w.mode == "streamed")
     assert p.storage.kv_cache_bytes == 12345
 
@@ -118,7 +128,9 @@ def test_shrinking_budget_drops_layers_then_lm_head_then_embed_whose_lookup_stre
     for pins in stages:
         budget = need(g, pins, arena, kv=4096)
         assert pinned_groups(make(g, budget_bytes=budget, pin_layers=2, kv_cache_bytes=4096)) == pins, pins
-    smallest = min(need(g, {"norm"}, arena, kv=4096), need(g, set(), arena, kv=4096))
+    # the smallest plan may give up the small vectors too (last)
+    smallest = min(need(g, {"norm"}, arena, kv=4096), need(g, set(), arena, kv=4096),
+                   need(g, set(), arena, kv=4096, small=False))
     with pytest.raises(BudgetError) as e:
         make(g, budget_bytes=smallest - 1, pin_layers=2, kv_cache_bytes=4096)
     assert e.value.required_bytes == smallest and e.value.budget_bytes == smallest - 1
@@ -148,9 +160,10 @@ def test_tied_embeddings_count_once() -> None:
 
 def test_gathered_and_tied_tables_report_what_each_token_reads() -> None:
     g = qgraph(n_layers=1, tied=True)
-    # one staging buffer: streaming the table then costs less than pinning it, so nothing stays pinned
+    # one staging buffer: streaming the table then costs less than pinning it, so only the small vectors (the
+    # norm scales) stay pinned
     p = make(g, budget_bytes=need(g, set(), make(g).arena.size, buffers=1), pin_layers=0, staging_buffers=1)
-    assert pinned_groups(p) == set()
+    assert pinned_groups(p) == {"norm"}
     table = tensor_nbytes(g.tensor("token_embd.weight").dtype, (1000, 256))
     # the streamed table: one row for the Embedding, the whole table for the tied lm_head
     per_token = sum(w.nbytes for w in p.storage.weights if w.mode == "streamed") + table // 1000
@@ -160,7 +173,7 @@ def test_gathered_and_tied_tables_report_what_each_token_reads() -> None:
 def test_layer_stream_unit_sizes_buffers_for_a_whole_layer() -> None:
     g = qgraph()
     p = make(g, budget_bytes=64 * MiB, pin_layers=0, stream_unit="layer")
-    layer = sum(page(w.nbytes) for w in p.storage.weights if w.group == "blk.1")
+    layer = sum(page(w.nbytes) for w in p.storage.weights if w.group == "blk.1" and w.mode == "streamed")
     assert p.storage.staging_buffers == (layer, layer)
 
 
@@ -184,30 +197,79 @@ def test_caller_supplied_weights_are_always_held() -> None:
     assert [(w.ref, w.mode) for w in p.storage.weights] == [("w", "pinned")]
 
 
-def moe_graph(n: int = 8, k: int = 2) -> Graph:
+def moe_graph(n: int = 8, k: int = 2, layers: int = 1, dense: int = 0) -> Graph:
+    """``layers`` MoE layers (router + 3 q4_k banks of n experts), each after ``dense`` f32 256x256 MatMuls."""
     b = Builder("moe")
     x = b.input("x", "f32", ["seq", 256])
-    logits = b.op("MatMul", [x, b.weight("blk.0.ffn_gate_inp.weight", "f32", [n, 256])],
-                  [("logits", "f32", ["seq", n])], transpose_b=True)
-    b.op("MoERouter", [logits], [("rw", "f32", ["seq", k]), ("ri", "i64", ["seq", k])], n_experts=n, top_k=k)
-    banks = [b.weight(f"blk.0.ffn_{nm}_exps.weight", "q4_k", shape) for nm, shape in
-             (("gate", [n, 512, 256]), ("up", [n, 512, 256]), ("down", [n, 256, 512]))]
-    b.outputs.append(b.op("MoEExperts", [x, "rw", "ri", *banks], [("y", "f32", ["seq", 256])], n_experts=n,
-                          top_k=k))
+    for i in range(layers):
+        for j in range(dense):
+            x = b.op("MatMul", [x, b.weight(f"blk.{i}.dense{j}.weight", "f32", [256, 256])],
+                     [(f"d{i}.{j}", "f32", ["seq", 256])], transpose_b=True)
+        logits = b.op("MatMul", [x, b.weight(f"blk.{i}.ffn_gate_inp.weight", "f32", [n, 256])],
+                      [(f"logits{i}", "f32", ["seq", n])], transpose_b=True)
+        b.op("MoERouter", [logits], [(f"rw{i}", "f32", ["seq", k]), (f"ri{i}", "i64", ["seq", k])], n_experts=n,
+             top_k=k)
+        banks = [b.weight(f"blk.{i}.ffn_{nm}_exps.weight", "q4_k", shape) for nm, shape in
+                 (("gate", [n, 512, 256]), ("up", [n, 512, 256]), ("down", [n, 256, 512]))]
+        x = b.op("MoEExperts", [x, f"rw{i}", f"ri{i}", *banks], [("y" if i == layers - 1 else f"h{i}", "f32",
+                                                                    ["seq", 256])], n_experts=n, top_k=k)
+    b.outputs.append(x)
     return check(b.build())
 
 
-def test_moe_steps_stage_and_read_top_k_experts() -> None:
+def test_moe_steps_read_top_k_experts_into_the_expert_cache_not_staging() -> None:
     g = moe_graph()
     p = make(g, budget_bytes=64 * MiB, pin_layers=0, expert_cache_bytes=1000)
     bank = tensor_nbytes(g.tensor("blk.0.ffn_gate_exps.weight").dtype, (8, 512, 256))
     expert = bank // 8
-    assert p.storage.staging_buffers == (3 * page(2 * expert),) * 2
     router = 8 * 256 * 4
+    # the experts go to the expert cache: staging holds the router only (it once also held 3 x top_k experts,
+    # which the runtime never staged: the budget counted them twice)
+    assert p.storage.staging_buffers == (page(router),) * 2
     assert p.storage.streamed_bytes_per_token == router + 3 * 2 * expert
-    assert p.storage.expert_cache_bytes == 1000
-    assert summarize(p)["total_bytes"] == (p.storage.pinned_bytes + p.storage.staging_bytes + 1000
+    # a 1000-byte cache cannot hold one expert of each bank: the plan counts the smallest cache that can
+    one_of_each = 3 * (page(expert) + 2 * PAGE)
+    assert p.storage.expert_cache_bytes == one_of_each
+    assert summarize(p)["total_bytes"] == (p.storage.pinned_bytes + p.storage.staging_bytes + one_of_each
                                            + p.arena.size)
+    big = make(g, budget_bytes=64 * MiB, pin_layers=0, expert_cache_bytes=4 * MiB)
+    assert big.storage.expert_cache_bytes == 4 * MiB and big.storage.staging_buffers == p.storage.staging_buffers
+
+
+def test_streaming_several_moe_layers_pays_the_expert_cache_once() -> None:
+    """Streaming one MoE layer brings in the whole expert cache and saves one layer: more than pinning it costs.
+    Streaming both saves two layers for the same cache: the rule must not stop at the first drop."""
+    g = moe_graph(layers=2)
+    arena = make(g).arena.size
+    cache = 2 * MiB
+    layer = sum(w.nbytes for w in make(g).storage.weights if w.group == "blk.0")
+    both = 2 * page(8 * 256 * 4) + cache + arena
+    assert layer + cache > 2 * layer > both - arena - cache  # one drop costs more than it saves; two save
+    p = make(g, budget_bytes=both, pin_layers=2, expert_cache_bytes=cache)
+    assert modes(p) == {"blk.0": "streamed", "blk.1": "streamed"}
+    assert p.storage.expert_cache_bytes == cache and summarize(p)["total_bytes"] == both
+    with pytest.raises(BudgetError) as e:
+        make(g, budget_bytes=both - 1, pin_layers=2, expert_cache_bytes=cache)
+    assert e.value.required_bytes == both
+
+
+def test_pinned_expert_banks_need_no_expert_cache() -> None:
+    g = moe_graph()
+    p = make(g, budget_bytes=64 * MiB, pin_layers=1, expert_cache_bytes=4 * MiB)
+    assert pinned_groups(p) == {"blk.0"} and p.storage.expert_cache_bytes == 0
+    assert summarize(p)["total_bytes"] == p.storage.pinned_bytes + p.arena.size
+
+
+def test_a_moe_budget_counts_the_expert_cache_once() -> None:
+    g = moe_graph()
+    arena = make(g).arena.size
+    bank = tensor_nbytes(g.tensor("blk.0.ffn_gate_exps.weight").dtype, (8, 512, 256))
+    smallest = 2 * page(8 * 256 * 4) + 3 * (page(bank // 8) + 2 * PAGE) + arena
+    p = make(g, budget_bytes=smallest, pin_layers=0, pin_small_bytes=0)
+    assert summarize(p)["total_bytes"] == smallest
+    with pytest.raises(BudgetError) as e:
+        make(g, budget_bytes=smallest - 1, pin_layers=0, pin_small_bytes=0)
+    assert "expert cache" in str(e.value) and e.value.required_bytes == smallest
 
 
 def test_summary_has_the_documented_keys() -> None:
@@ -245,3 +307,104 @@ def test_row_chunkable_weights_do_not_size_the_staging_buffers() -> None:
     # an embedding lookup reads rows outside the staging pool
     assert staging_unit([layer, lookup], "tensor") == page(100_000)
     assert staging_unit([layer, head], "layer") == page(30 * MiB)  # layer mode stages whole tensors
+
+
+# --- small vectors, spread layers -------------------------------------------------------------------------------
+def test_small_vectors_are_pinned_first_and_given_up_last() -> None:
+    """A streamed norm scale of 1 KiB would cost a staging page, a read request and a read-ahead slot every token:
+    the 1-D weights of at most pin_small_bytes stay pinned while anything else can be dropped."""
+    g = qgraph()
+    arena = make(g).arena.size
+    p = make(g, budget_bytes=need(g, set(), arena), pin_layers=2)
+    norms = {w.ref.split("#")[1] for w in p.storage.weights if w.mode == "pinned"}
+    assert norms == {f"blk.{i}.{n}_norm.weight" for i in range(3) for n in ("attn", "ffn")} | {"output_norm.weight"}
+    assert not any("norm" in r for r in p.storage.prefetch_order)
+    # the rule off: the norms stream with their layers
+    off = make(g, budget_bytes=need(g, set(), arena), pin_layers=2, pin_small_bytes=0)
+    assert any(r.endswith("blk.0.attn_norm.weight") for r in off.storage.prefetch_order)
+    # below the smallest plan with them pinned, they are dropped too; below that, a BudgetError as before
+    bare = need(g, set(), arena, small=False)
+    assert bare < need(g, set(), arena)
+    q = make(g, budget_bytes=bare, pin_layers=2)
+    assert {w.mode for w in q.storage.weights if w.group != "embed"} == {"streamed"}
+    with pytest.raises(BudgetError):
+        make(g, budget_bytes=bare - 1, pin_layers=2)
+
+
+def test_fill_pins_spreads_the_streamed_layers_over_the_trunk() -> None:
+    """Layers left streaming after fill_pins are evenly spaced (each read while the pinned layers before it
+    compute), not the last ones in a row (read only while they compute: the staging pool holds a step ahead)."""
+    from uaii.planner.storage import spread
+
+    assert spread([f"blk.{i}" for i in range(30)], 3) == ["blk.9", "blk.19", "blk.29"]
+    assert spread(["a", "b", "c", "d"], 1) == ["d"] and spread(["a", "b"], 2) == ["a", "b"]
+    assert spread(["a"], 0) == []
+    g = qgraph(n_layers=8)
+    arena = make(g).arena.size
+    pins = {"norm", "embed", "lm_head", *(f"blk.{i}" for i in range(5))}
+    budget = need(g, pins, arena)  # five of eight layers fit
+    p = make(g, budget_bytes=budget, pin_layers=0, fill_pins=True)
+    streamed = [grp for grp, m in modes(p).items() if m == "mixed"]  # streamed layers keep their norms pinned
+    assert streamed == ["blk.1", "blk.4", "blk.7"]
+    assert summarize(p)["total_bytes"] <= budget
+    in_order = make(g, budget_bytes=budget, pin_layers=5)  # the same count of layers, the first five
+    assert pinned_groups(in_order) >= {f"blk.{i}" for i in range(5)}
+    assert p.storage.streamed_bytes_per_token == in_order.storage.streamed_bytes_per_token
+
+
+def test_fill_pins_spends_what_layers_leave_on_single_weights() -> None:
+    """Whole layers leave up to a layer's size of the budget unused: fill_pins pins single streamed weights with it
+    (largest first), which then are read no more."""
+    g = qgraph(n_layers=8)
+    arena = make(g).arena.size
+    pins = {"norm", "embed", "lm_head", *(f"blk.{i}" for i in range(5))}
+    exact = make(g, budget_bytes=need(g, pins, arena), pin_layers=0, fill_pins=True)
+    streamed = [w for w in exact.storage.weights if w.mode == "streamed"]
+    biggest = max(streamed, key=lambda w: w.nbytes)  # a gate/up weight of the first streamed layer
+    assert biggest.ref.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
+    more = make(g, budget_bytes=need(g, pins, arena) + biggest.nbytes, pin_layers=0, fill_pins=True)
+    assert {w.ref for w in more.storage.weights if w.mode == "pinned"} - {
+        w.ref for w in exact.storage.weights if w.mode == "pinned"} == {biggest.ref}
+    assert more.storage.streamed_bytes_per_token == exact.storage.streamed_bytes_per_token - biggest.nbytes
+    assert summarize(more)["total_bytes"] <= need(g, pins, arena) + biggest.nbytes
+    # without fill_pins the rule keeps whole groups only
+    plain = make(g, budget_bytes=need(g, pins, arena) + biggest.nbytes, pin_layers=5)
+    assert {w.group for w in plain.storage.weights if w.mode == "pinned" and w.nbytes > 64 * 1024} <= pins
+
+
+def test_fill_pins_never_pins_an_expert_bank_alone() -> None:
+    """A MoE step reads all its banks through the expert cache: a bank pinned alone would still be read, and would
+    save only top_k / n_experts of its bytes. Single-weight fill leaves banks to whole-layer decisions."""
+    g = moe_graph(layers=2)
+    full = make(g, budget_bytes=64 * MiB, pin_layers=2)
+    layer = sum(w.nbytes for w in full.storage.weights if w.group == "blk.1")
+    bank = max(w.nbytes for w in full.storage.weights if w.group == "blk.1")
+    budget = summarize(full)["total_bytes"] - layer // 2  # blk.1 cannot stay pinned; room for a bank of it
+    p = make(g, budget_bytes=budget, pin_layers=2, fill_pins=True)
+    banks = [w for w in p.storage.weights if "_exps" in w.ref]
+    assert {w.mode for w in banks if w.group == "blk.1"} == {"streamed"}
+    assert summarize(p)["total_bytes"] <= budget and budget - summarize(p)["total_bytes"] >= bank // 2
+
+
+def test_fill_pins_pins_dense_weights_before_expert_banks() -> None:
+    """Pinning a whole MoE layer saves top_k / n_experts of its banks per token; a dense weight pinned saves all of
+    its bytes. With room for one whole layer, pinning the dense weights of both layers reads less per token."""
+    g = moe_graph(k=1, layers=2, dense=2)
+    full = make(g, budget_bytes=64 * MiB, pin_layers=2)
+    weights = full.storage.weights
+    dense = [w for w in weights if ".dense" in w.ref]
+    layer0 = sum(w.nbytes for w in weights if w.group == "blk.0")
+    streaming = make(g, budget_bytes=64 * MiB, pin_layers=0, pin_small_bytes=0)  # everything streams
+    base = summarize(streaming)["total_bytes"]
+    budget = base + layer0  # one whole layer fits (its staging and cache share aside)
+    p = make(g, budget_bytes=budget, pin_layers=0, fill_pins=True)
+    assert {w.ref for w in p.storage.weights if w.mode == "pinned" and w in dense} == {w.ref for w in dense}
+    assert all(w.mode == "streamed" for w in p.storage.weights if "_exps" in w.ref)
+    # only the banks stream: top-1 of 8 experts of 3 banks in both layers (the routers are pinned too)
+    banks = sum(w.nbytes for w in weights if "_exps" in w.ref)
+    assert p.storage.streamed_bytes_per_token == banks // 8
+    assert summarize(p)["total_bytes"] <= budget
+    # pinning the whole first layer instead would have saved less per token: its dense weights + top-1 experts
+    blk0_dense = sum(w.nbytes for w in dense if w.group == "blk.0")
+    blk0_banks = sum(w.nbytes for w in weights if w.group == "blk.0" and "_exps" in w.ref)
+    assert blk0_dense + blk0_banks // 8 < sum(w.nbytes for w in dense)

@@ -344,6 +344,19 @@ def test_bench_json(model_file, capsys):
     assert measured["sampling"].greedy and measured["add_special"] is False
 
 
+def test_bench_sizes_the_kv_cache_for_its_tokens(model_file, capsys):
+    """The preset's 2048-token window would reserve a KV cache the benchmark never fills (under a budget the planner
+    counts it: SmolLM2's 90 MiB made a 46 MiB budget impossible); bench holds prompt + generated tokens."""
+    code, _, _ = run(["bench", model_file, "--json", "--prompt-tokens", "40", "--gen-tokens", "8", "--budget",
+                      "64MiB"], capsys)
+    assert code == 0
+    opts = FakeSession.opened[-1].options
+    assert opts["kv_window"] == 0 and opts["max_context"] == 48 and opts["budget_bytes"] == 64 * MiB
+    from uaii.runtime.cli.bench import kv_for_bench
+
+    assert kv_for_bench({"kv_window": 16, "kv_sinks": 4}, 48) == {}  # a window smaller than the run stays
+
+
 def test_bench_table(model_file, capsys):
     code, out, _ = run(["bench", model_file, "--prompt-tokens", "16", "--gen-tokens", "4", "--warmup", "0"], capsys)
     assert code == 0 and "prefill (16 tokens)" in out and "400.0 tok/s" in out

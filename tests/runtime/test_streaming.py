@@ -82,6 +82,52 @@ def test_smollm2_tied_table_streams_by_rows_and_chunks(smollm2_path: Path, smoll
         assert sum("token_embd.weight@rows=" in r for r in chunks) > 10
 
 
+def test_f16_kv_cache_halves_the_kv_part_of_the_plan_with_the_same_tokens(smollm2_path: Path,
+                                                                          smollm2_reference: Any) -> None:
+    """kv_dtype="f16": keys and values cached in half precision (attention still computes in float32). The plan
+    counts 2 bytes per element, so a 10 % budget holds a longer context; greedy tokens stay those of f32."""
+    import numpy as np
+
+    from uaii.runtime import SessionError
+
+    weight_bytes, tokens = smollm2_reference
+    budget = int(weight_bytes * 0.10)
+    with Session(smollm2_path, budget_bytes=budget, **SMALL) as s32:
+        kv32 = s32.plan.storage.kv_cache_bytes
+        logits32 = s32.forward(s32.tokenize(PROMPT))
+    with Session(smollm2_path, budget_bytes=budget, kv_dtype="f16", **SMALL) as s:
+        assert s._kv.dtype == "f16" and s.plan.storage.kv_cache_bytes * 2 == kv32
+        assert s._kv.nbytes() == s.plan.storage.kv_cache_bytes
+        logits16 = s.forward(s.tokenize(PROMPT))
+        # rounding keys and values to half precision moves SmolLM2's logits by up to ~2 (of a ~30 spread): the
+        # same top token, and the same greedy continuation below
+        assert logits16.argmax() == logits32.argmax() and np.corrcoef(logits16, logits32)[0, 1] > 0.99
+        s.reset()
+        assert list(s.generate(PROMPT, max_new_tokens=12).tokens) == tokens
+    with pytest.raises(SessionError, match="kv_dtype must be one of f32, f16"):
+        Session(smollm2_path, kv_dtype="bf16")
+
+
+def test_full_budget_spreads_streamed_layers_and_wraps_around_before_the_lm_head(smollm2_path: Path,
+                                                                                 smollm2_reference: Any) -> None:
+    """At 100 % of the weight bytes a few layers still stream (the KV cache and arena take part of the budget).
+    They are spread over the trunk (each read while pinned layers compute) and keep their norm scales pinned, and
+    the next run's reads are queued right after the last streamed layer, before the pinned lm_head computes."""
+    weight_bytes, tokens = smollm2_reference
+    with Session(smollm2_path, budget_bytes=weight_bytes, **SMALL) as s:
+        weights = s.plan.storage.weights
+        streamed = sorted({int(w.group.split(".")[1]) for w in weights if w.mode == "streamed"})
+        assert 0 < len(streamed) < 10 and streamed[-1] == 29
+        assert min(b - a for a, b in zip([-1, *streamed], streamed, strict=False)) >= 30 // len(streamed) - 1
+        assert not [w for w in weights if w.mode == "streamed" and "norm" in w.ref]
+        assert list(s.generate(PROMPT, max_new_tokens=12).tokens) == tokens
+        decode = next(b for k, b in s._exe._bindings.items() if k == ((1,), (1,)))
+        at = decode.names.index("(prefetch of the next run)")
+        assert decode.names[at - 1] == f"blk.{streamed[-1]}.ffn_down/MatMul"
+        assert decode.names[at + 1:] and all(not n.startswith("blk.") for n in decode.names[at + 1:])
+        assert s.storage_stats()["staging"]["staged"] > 0  # the next token's first layer is read ahead
+
+
 def test_a_budget_below_the_minimum_is_refused(smollm2_path: Path) -> None:
     with pytest.raises(BudgetError, match="memory budget of 1048576 bytes is too small"):
         Session(smollm2_path, budget_bytes=1 << 20, **SMALL)
@@ -90,8 +136,10 @@ def test_a_budget_below_the_minimum_is_refused(smollm2_path: Path) -> None:
 # --- MoE -------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # attention weights larger than the experts: streaming a layer with a cache of all its experts then costs less
+    # than pinning it (the plan counts the expert cache in the budget; pinned banks need none)
     path = tmp_path_factory.mktemp("synth") / "moe.gguf"
-    return Path(_synth().write_moe_gguf(path, 2, 128, 64, n_experts=8, top_k=2, vocab=768, qtype="q8_0", seed=5))
+    return Path(_synth().write_moe_gguf(path, 2, 512, 32, n_experts=8, top_k=2, vocab=768, qtype="q8_0", seed=5))
 
 
 MOE_IDS = [1, 5, 9, 33, 70]
@@ -104,8 +152,13 @@ def test_moe_streams_top_k_experts_through_the_expert_cache(moe_path: Path) -> N
         weight_bytes = s.model_info.weight_bytes
         want = list(s.generate(MOE_IDS, max_new_tokens=10, ignore_eos=True).tokens)
     # a cache of every expert: the second identical generation is served from memory
-    big = 4 * MiB
+    big = 1 * MiB
     with Session(moe_path, budget_bytes=weight_bytes // 2 + big, expert_cache_bytes=big, **MOE_OPTS) as s:
+        storage = s.plan.storage
+        assert storage.expert_cache_bytes == big  # in the plan's total, and experts are not staged on top of it
+        assert max(storage.staging_buffers) < big // 2
+        assert (storage.pinned_bytes + storage.staging_bytes + storage.kv_cache_bytes + big + s.plan.arena.size
+                <= weight_bytes // 2 + big)
         assert list(s.generate(MOE_IDS, max_new_tokens=10, ignore_eos=True).tokens) == want
         first = s.storage_stats()["expert_cache"]
         assert first["misses"] > 0 and set(first["per_layer"]) == {"0", "1"}
@@ -120,6 +173,7 @@ def test_moe_streams_top_k_experts_through_the_expert_cache(moe_path: Path) -> N
         assert list(s.generate(MOE_IDS, max_new_tokens=10, ignore_eos=True).tokens) == want
         small = s.storage_stats()["expert_cache"]
         assert small["used_bytes"] <= small["budget_bytes"] < big and small["misses"] > first["misses"]
+        assert small["budget_bytes"] == s.plan.storage.expert_cache_bytes  # the plan counts the cache it gets
 
 
 # --- peak RSS ---------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,15 @@ def test_release_of_a_prefetch_drops_it(tmp_path: Path) -> None:
         assert s.acquire(refs[3]).tobytes() == wf.expected(wf.index[refs[3]])
 
 
+def _union(locs: Iterable[WeightLocation]) -> int:
+    """Bytes covered by ``locs`` (one file; the random test tensors may overlap)."""
+    total, end = 0, -1
+    for loc in sorted(locs, key=lambda x: x.offset):
+        total += max(loc.end - max(end, loc.offset), 0)
+        end = max(end, loc.end)
+    return total
+
+
 def test_pinned_weights_are_served_without_io(weights: WeightFile) -> None:
     refs = list(weights.index)[:5]
     with StreamingStore(weights.index, 2 * MiB, pin_budget_bytes=16 * MiB) as s:
@@ -154,7 +164,7 @@ def test_pinned_weights_are_served_without_io(weights: WeightFile) -> None:
             s.release(r)  # no-op for pins
         after = s.telemetry.snapshot()
         assert after["bytes_read"] == before["bytes_read"] and after["pinned_hits"] == 5
-        assert s.pinned.nbytes >= sum(weights.index[r].nbytes for r in refs) and len(s.pinned) == 5
+        assert s.pinned.nbytes >= _union(weights.index[r] for r in refs) and len(s.pinned) == 5
         s.unpin(refs[:1])
         assert refs[0] not in s.pinned
     with StreamingStore(weights.index, 4 * MiB) as s:  # pinned while staged: the staged copy is still released
@@ -169,6 +179,35 @@ def test_pinned_weights_are_served_without_io(weights: WeightFile) -> None:
     with StreamingStore(weights.index, MiB, pin_budget_bytes=4096) as s, \
             pytest.raises(StorageError, match="would exceed the pin budget of 4096 bytes"):
         s.pin(refs)
+
+
+def test_adjacent_pins_are_read_together_into_one_buffer(tmp_path: Path) -> None:
+    """Tensors laid out one after the other (a pinned layer; GGUF pads them to 32 bytes) are pinned with one read
+    into one buffer: no page of slack per tensor (a 2 KiB norm scale alone held 4-8 KiB), one I/O request."""
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, 1 * MiB, dtype=np.uint8)
+    path = tmp_path / "layer.bin"
+    data.tofile(path)
+    sizes = [2560, 450560, 112640, 1024, 2560, 901120 // 8]
+    index, off = {}, 4096 + 96
+    for i, n in enumerate(sizes):
+        index[f"layer.bin#t{i}"] = WeightLocation(str(path), off, n, DType.U8, (n,))
+        off += -(-n // 32) * 32  # 32-byte alignment padding between tensors
+    far = WeightLocation(str(path), 900_000, 3000, DType.U8, (3000,))  # not adjacent: a run of its own
+    index["layer.bin#far"] = far
+    with StreamingStore(index, MiB) as s:
+        s.pin(list(index))
+        st = s.stats()
+        assert st["jobs_done"] == 2
+        for ref, loc in index.items():
+            got = s.acquire(ref)
+            assert got.tobytes() == data[loc.offset:loc.end].tobytes() and not got.flags.writeable
+        span = off - (4096 + 96)
+        assert s.pinned.nbytes <= -(-span // 4096) * 4096 + 4096 + 8192  # one run + the far tensor's page(s)
+        assert s.pinned.nbytes < sum(-(-n // 4096) * 4096 for n in sizes)  # what one buffer per tensor held
+        s.unpin(["layer.bin#t0"])
+        assert s.acquire("layer.bin#t1").tobytes() == data[index["layer.bin#t1"].offset:
+                                                            index["layer.bin#t1"].end].tobytes()
 
 
 def test_telemetry_counts_bytes_per_token(weights: WeightFile) -> None:

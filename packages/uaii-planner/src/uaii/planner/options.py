@@ -30,6 +30,8 @@ class PlannerOptions:
     ``pin_layers`` trunk layers (from the first) are pinned with the embeddings and lm_head while they fit;
     ``stream_unit`` sizes each staging buffer for the largest streamed step (``"tensor"``) or the largest streamed
     layer (``"layer"``); ``fill_pins`` pins further layers, in execution order, while the budget still holds.
+    1-D weights of at most ``pin_small_bytes`` (norm scales, biases) are pinned before any group and given up
+    last: streamed, each would cost a page of staging, a read of its own and a read-ahead slot (0: no such rule).
 
     Steps: ``device`` is the device of every step unless a placement callback says otherwise.
     """
@@ -48,6 +50,7 @@ class PlannerOptions:
     staging_buffers: int = 2
     stream_unit: str = "tensor"
     fill_pins: bool = False
+    pin_small_bytes: int = 64 * 1024
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -58,7 +61,7 @@ class PlannerOptions:
         object.__setattr__(self, "persistent", tuple(sorted(set(self.persistent))))
         for name in ("max_tokens", "alignment", "staging_buffers"):
             _check_int(name, getattr(self, name), 1)
-        for name in ("budget_bytes", "pin_layers", "kv_cache_bytes", "expert_cache_bytes"):
+        for name in ("budget_bytes", "pin_layers", "kv_cache_bytes", "expert_cache_bytes", "pin_small_bytes"):
             _check_int(name, getattr(self, name), 0)
         if self.alignment & (self.alignment - 1):
             raise PlannerError(f"option alignment must be a power of two, found {self.alignment}")

@@ -1,18 +1,23 @@
 """The storage plan: which weights stay pinned, which stream through staging buffers, and in what order.
 
-Weights are grouped by layer (:func:`weight_group`). With a budget, the pin candidates are, in priority order:
-small globals (final norm, rope factors: read every token), the embeddings, lm_head and the first ``pin_layers``
-trunk layers. While pins + staging buffers + KV cache + expert cache + arena exceed the budget, pins are dropped:
-the trunk layers (last first), then lm_head, then the embeddings, then the globals. Staging is recomputed exactly
-for every candidate set: dropping a pin can enlarge the largest streamed step, and a drop that would not lower the
-total is skipped (that weight is cheaper pinned than streamed). If even the smallest plan does not fit, a
-:class:`BudgetError` names every number. With ``fill_pins``, further layers are then pinned, in execution order,
-while the budget holds. Without a budget (0) every weight is memory-mapped and nothing is staged.
+Weights are grouped by layer (:func:`weight_group`). With a budget, the pin candidates are, in priority order: the
+small vectors of every group (1-D weights of at most ``pin_small_bytes`` each: norm scales, biases; pinned as one
+unit, :data:`SMALL`), small globals (final norm, rope factors: read every token), the embeddings, lm_head and the
+first ``pin_layers`` trunk layers. While pins + staging buffers + KV cache + expert cache + arena exceed the budget,
+pins are dropped: the trunk layers (last first), then lm_head, then the embeddings, then the globals, then the small
+weights. Staging is recomputed exactly for every candidate set: dropping a pin can enlarge the largest streamed
+step, and a drop that would not lower the total is skipped (that weight is cheaper pinned than streamed). If even
+the smallest plan does not fit, a :class:`BudgetError` names every number. With ``fill_pins``, further layers are
+then pinned while the budget holds, the layers left streaming spread evenly over the trunk (:func:`spread`), then
+single weights and last whole MoE layers fill what is left (:func:`_fill`). Without a budget (0) every weight is
+memory-mapped and nothing is staged.
 
 Staging: each buffer holds what one step streams at once (``stream_unit="tensor"``: a grouped MatMul needs all its
-weights staged together; a MoE step stages top_k experts of each bank) or one whole layer (``"layer"``), every
-tensor rounded up to a page as the staging pool allocates it. A tied embedding/lm_head table is one weight
-reference, counted once.
+weights staged together) or one whole layer (``"layer"``), every tensor rounded up to a page as the staging pool
+allocates it. A tied embedding/lm_head table is one weight reference, counted once. Streamed MoE expert banks stage
+nothing: the runtime reads the routed top_k experts straight into the expert cache, whose part of the budget is
+``expert_cache_bytes`` but at least one expert of every bank of a MoE step (:func:`expert_cache_need`; 0 when every
+bank is pinned). The plan's ``expert_cache_bytes`` is that figure.
 
 Two uses stage less than the whole tensor: an Embedding lookup reads only its rows (``pread`` of each row, outside
 the staging pool: it stages nothing), and a ``MatMul`` whose [N, K] weight is used transposed (a linear layer such
@@ -25,7 +30,7 @@ being pinned.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +48,9 @@ CHUNK_MIN = 1 << 20
 """Smallest staging buffer a row-chunked tensor is cut for (when no unchunkable step needs more)."""
 
 EMBED, LM_HEAD, NORM, OTHER = "embed", "lm_head", "norm", "other"
+SMALL = "small"
+"""The pin unit of the 1-D weights of at most ``pin_small_bytes`` each, whatever their group (a streamed norm scale
+of a few KiB would cost a staging page, an I/O request and a read-ahead slot of its own every token)."""
 
 WEIGHT_GROUP_RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^blk\.(\d+)\."), r"blk.\1"),
@@ -95,14 +103,17 @@ class WeightUse:
     per_token: int = 0
     staged: dict[int, int] = field(default_factory=dict)  # step → bytes staged at once for this weight
     chunk_row: int = 0  # bytes of one row when every staged use may stream it in row chunks, else 0
+    vector: bool = False  # a 1-D weight (norm scale, bias)
+    expert: int = 0  # an expert bank read by experts into the expert cache: cache bytes of one of its experts
 
 
 def _use_bytes(node: Node, kind: OpKind | None, t: Tensor, nbytes: int) -> tuple[int, int]:
-    """(bytes staged at once, bytes read per token) for ``t`` read by ``node``."""
+    """(bytes staged at once, bytes read per token) for ``t`` read by ``node``. An expert bank of a MoE step stages
+    nothing: its top_k experts are read straight into the expert cache (see :func:`expert_cache_need`)."""
     if kind is OpKind.MOE and node.get("n_experts") and node.get("top_k"):
         n, k = int(node.get("n_experts")), int(node.get("top_k"))
         one = nbytes // max(n, 1)
-        return k * one, k * one
+        return 0, k * one
     if kind is OpKind.INDEX and t.shape and isinstance(t.shape[0], int) and t.shape[0] > 0:
         return (0 if node.op == "Embedding" else nbytes), nbytes // t.shape[0]  # a lookup reads one row per token
     return nbytes, nbytes
@@ -134,11 +145,15 @@ def weight_uses(graph: Graph, order: Sequence[Node], registry: Registry | None =
             ref = str(t.weight) if t.weight is not None else t.name
             nbytes = tensor_nbytes(t.dtype, t.shape)
             fresh = ref not in uses
-            u = uses.setdefault(ref, WeightUse(ref, nbytes, group_of(t), step, t.weight is not None))
+            u = uses.setdefault(ref, WeightUse(ref, nbytes, group_of(t), step, t.weight is not None,
+                                               vector=len(t.shape) <= 1))
             chunkable = _row_chunkable(node, kind, t)
             if fresh or u.chunk_row:
                 u.chunk_row = tensor_nbytes(t.dtype, t.shape[1:]) if chunkable else 0
             staged, per_token = _use_bytes(node, kind, t, nbytes)
+            if kind is OpKind.MOE and node.get("n_experts"):
+                # a read window of one expert may straddle a page more, and the runtime allows one page beyond it
+                u.expert = page_round(nbytes // max(int(node.get("n_experts")), 1)) + 2 * PAGE
             u.staged[step] = max(u.staged.get(step, 0), staged)
             u.per_token += per_token
     return uses
@@ -171,20 +186,44 @@ def staging_unit(streamed: Iterable[WeightUse], unit: str) -> int:
     return base
 
 
+def expert_cache_need(streamed: Iterable[WeightUse]) -> int:
+    """The smallest expert cache for the streamed expert banks: one expert of every bank of a MoE step (the
+    runtime reads an expert's gate, up and down weights together), the largest step; 0 when no bank streams."""
+    per: dict[int, int] = {}
+    for u in streamed:
+        if u.expert:
+            for step in u.staged:
+                per[step] = per.get(step, 0) + u.expert
+    return max(per.values(), default=0)
+
+
 # --- the rule -----------------------------------------------------------------------------------------------
 def pin_priority(groups: Sequence[str], pin_layers: int) -> list[str]:
-    """Pin candidates, most valuable first: globals, embeddings, lm_head, the first ``pin_layers`` layers."""
+    """Pin candidates, most valuable first: small weights, globals, embeddings, lm_head, the first ``pin_layers``
+    layers."""
     trunk = [g for g in groups if is_trunk(g)][:pin_layers]
-    globals_ = [g for g in groups if not is_trunk(g) and g not in (EMBED, LM_HEAD)]
-    return [*globals_, *(g for g in (EMBED, LM_HEAD) if g in groups), *trunk]
+    globals_ = [g for g in groups if not is_trunk(g) and g not in (EMBED, LM_HEAD, SMALL)]
+    return [*(g for g in (SMALL,) if g in groups), *globals_, *(g for g in (EMBED, LM_HEAD) if g in groups),
+            *trunk]
 
 
 def drop_order(candidates: Sequence[str]) -> list[str]:
-    """The order pins are given up in: trunk layers (last first), then lm_head, then embed, then the globals."""
+    """The order pins are given up in: trunk layers (last first), then lm_head, then embed, then the globals, then
+    the small weights."""
     trunk = [g for g in candidates if is_trunk(g)][::-1]
     rest = [g for g in candidates if not is_trunk(g)]
-    ranked = sorted(rest, key=lambda g: {LM_HEAD: 0, EMBED: 1}.get(g, 2))
+    ranked = sorted(rest, key=lambda g: {LM_HEAD: 0, EMBED: 1, SMALL: 3}.get(g, 2))
     return [*trunk, *ranked]
+
+
+def _held(u: WeightUse, pinned: Collection[str], options: PlannerOptions) -> bool:
+    """Whether ``u`` stays in memory with the pin units ``pinned`` (group names, SMALL, or single references)."""
+    return not u.streamable or pin_unit(u, options) in pinned or u.ref in pinned
+
+
+def pin_unit(u: WeightUse, options: PlannerOptions) -> str:
+    """What ``u`` is pinned and dropped with: :data:`SMALL` for a small streamable vector, else its group."""
+    return SMALL if u.vector and u.streamable and u.nbytes <= options.pin_small_bytes else u.group
 
 
 @dataclass(frozen=True)
@@ -198,43 +237,123 @@ class _Fit:
         return sum(self.parts.values())
 
 
-def _fit(uses: Sequence[WeightUse], pinned: frozenset[str], options: PlannerOptions, arena: int) -> _Fit:
-    held = [u for u in uses if u.group in pinned or not u.streamable]
-    streamed = [u for u in uses if u.group not in pinned and u.streamable]
+def _fit(uses: Sequence[WeightUse], pinned: frozenset[str], options: PlannerOptions, arena: int,
+         expert_floor: int = 0) -> _Fit:
+    """The parts of the budget a pin set needs. ``expert_floor``: count at least that much expert cache whatever
+    streams (the fixed cost of streaming any expert bank, taken as paid while comparing drops)."""
+    held = [u for u in uses if _held(u, pinned, options)]
+    streamed = [u for u in uses if not _held(u, pinned, options)]
     unit = staging_unit(streamed, options.stream_unit)
+    experts = expert_cache_need(streamed)  # expert banks are read into the expert cache, never staged
+    cache = max(options.expert_cache_bytes, experts) if experts else 0
     parts = {"pinned": sum(u.nbytes for u in held), "staging": unit * options.staging_buffers,
-             "kv_cache": options.kv_cache_bytes, "expert_cache": options.expert_cache_bytes, "arena": arena}
+             "kv_cache": options.kv_cache_bytes, "expert_cache": max(cache, expert_floor), "arena": arena}
     return _Fit(pinned, unit, parts)
 
 
-def choose_pins(uses: Sequence[WeightUse], options: PlannerOptions, arena: int) -> _Fit:
-    """Apply the pinning rule (module doc) under ``options.budget_bytes``."""
-    groups = list(dict.fromkeys(u.group for u in uses))
-    candidates = pin_priority(groups, options.pin_layers)
+def _drop(uses: Sequence[WeightUse], candidates: Sequence[str], options: PlannerOptions, arena: int,
+          expert_floor: int) -> _Fit:
+    """Drop pins in :func:`drop_order` while over budget, skipping a drop that would not lower the total."""
     pinned = set(candidates)
-    fit = _fit(uses, frozenset(pinned), options, arena)
+    fit = _fit(uses, frozenset(pinned), options, arena, expert_floor)
     for g in drop_order(candidates):
         if fit.total <= options.budget_bytes:
             break
-        trial = _fit(uses, frozenset(pinned - {g}), options, arena)
+        trial = _fit(uses, frozenset(pinned - {g}), options, arena, expert_floor)
         if trial.total < fit.total:  # streaming g may need more staging than pinning it holds
             pinned.discard(g)
             fit = trial
+    return _fit(uses, frozenset(pinned), options, arena)
+
+
+def choose_pins(uses: Sequence[WeightUse], options: PlannerOptions, arena: int) -> _Fit:
+    """Apply the pinning rule (module doc) under ``options.budget_bytes``.
+
+    The expert cache is a fixed cost that the first streamed expert bank brings in: dropping one layer of a MoE
+    model may cost more than it saves, while dropping several saves. When the plain rule ends over budget, it runs
+    again with that cost counted from the start (the cache of every streamable bank), and the smaller plan wins."""
+    groups = list(dict.fromkeys(pin_unit(u, options) for u in uses))
+    candidates = pin_priority(groups, options.pin_layers)
+    fit = _drop(uses, candidates, options, arena, 0)
+    floor = expert_cache_need(u for u in uses if u.streamable)
+    if fit.total > options.budget_bytes and floor:
+        paid = _drop(uses, candidates, options, arena, max(floor, options.expert_cache_bytes))
+        fit = min(fit, paid, key=lambda f: f.total)
     if fit.total > options.budget_bytes:
         raise _budget_error(uses, fit, options)
+    pinned = set(fit.pinned)
     if options.fill_pins:
-        for g in groups:
-            if g in pinned:
-                continue
-            trial = _fit(uses, frozenset(pinned | {g}), options, arena)
+        fit = _fill(uses, groups, pinned, fit, options, arena)
+    return fit
+
+
+def spread(layers: Sequence[str], streamed: int) -> list[str]:
+    """The ``streamed`` of ``layers`` (execution order) to stream so that the streamed ones are evenly spaced, the
+    last layer among them: each is then read while the pinned layers before it compute."""
+    n = len(layers)
+    if streamed <= 0:
+        return []
+    return [layers[(i + 1) * n // streamed - 1] for i in range(min(streamed, n))]
+
+
+def _fill(uses: Sequence[WeightUse], groups: Sequence[str], pinned: set[str], fit: _Fit, options: PlannerOptions,
+          arena: int) -> _Fit:
+    """``fill_pins``: pin further groups while the budget holds. Trunk layers are counted greedily in execution
+    order, then the layers left streaming are spread evenly over the trunk (:func:`spread`) rather than being the
+    last ones in a row: a streamed layer's reads then overlap the compute of the pinned layers before it, where a
+    run of streamed layers at the end can only be read while they compute (the staging pool holds about one step
+    ahead). When the spread set does not fit (layers of unequal sizes), the execution-order set is kept.
+
+    Then single weights fill what is left (:func:`_fill_tensors`). Groups with MoE expert banks come last, whole:
+    pinning such a layer saves only top_k / n_experts of its banks' bytes per token, where a dense weight pinned
+    saves all of its bytes, so the dense weights of every layer are pinned before any bank."""
+    start = set(pinned)
+    moe = {u.group for u in uses if u.expert}
+    for g in groups:
+        if g in pinned or g in moe:
+            continue
+        trial = _fit(uses, frozenset(pinned | {g}), options, arena)
+        if trial.total <= options.budget_bytes:
+            pinned.add(g)
+            fit = trial
+    free = [g for g in groups if is_trunk(g) and g not in start and g not in moe]
+    added = [g for g in free if g in pinned]
+    if added and len(added) < len(free):
+        streamed = set(spread(free, len(free) - len(added)))
+        spread_pins = frozenset((pinned - set(added)) | {g for g in free if g not in streamed})
+        trial = _fit(uses, spread_pins, options, arena)
+        if trial.total <= options.budget_bytes:
+            fit = trial
+    fit = _fill_tensors(uses, fit, options, arena)
+    for g in groups:
+        if g in moe and g not in fit.pinned:
+            trial = _fit(uses, fit.pinned | {g}, options, arena)
             if trial.total <= options.budget_bytes:
-                pinned.add(g)
                 fit = trial
     return fit
 
 
+def _fill_tensors(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions, arena: int) -> _Fit:
+    """Spend what whole groups left of the budget (up to a layer's size) on single streamed weights, largest
+    first: each pinned weight is read no more. The embedding and lm_head tables stay group decisions, and so do MoE
+    expert banks: a MoE step reads the experts of all its banks through the expert cache, so a bank pinned alone
+    would still be read (and would save only top_k / n_experts of its bytes per token)."""
+    pinned = set(fit.pinned)
+    budget = options.budget_bytes
+    todo = sorted((u for u in uses if not _held(u, pinned, options) and u.group not in (EMBED, LM_HEAD)
+                   and not u.expert and u.per_token >= u.nbytes), key=lambda u: (-u.nbytes, u.first_use))
+    for u in todo:
+        if u.nbytes > budget - fit.total + fit.parts["staging"] + fit.parts["expert_cache"]:
+            continue  # cannot fit even if pinning it freed every staging and expert cache byte
+        trial = _fit(uses, frozenset(pinned | {u.ref}), options, arena)
+        if trial.total <= budget:
+            pinned.add(u.ref)
+            fit = trial
+    return fit
+
+
 def _budget_error(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions) -> BudgetError:
-    streamed = [u for u in uses if u.group not in fit.pinned and u.streamable]
+    streamed = [u for u in uses if not _held(u, fit.pinned, options)]
     whole = [u for u in streamed if not u.chunk_row] or streamed  # row-chunked tensors do not size the buffers
     biggest = max(whole, key=lambda u: max(u.staged.values()), default=None)
     p = fit.parts
@@ -264,15 +383,15 @@ def plan_storage(graph: Graph, order: Sequence[Node], arena: ArenaLayout, option
     fit = choose_pins(uses, options, arena.size)
 
     def mode(u: WeightUse) -> str:
-        return "pinned" if u.group in fit.pinned or not u.streamable else "streamed"
+        return "pinned" if _held(u, fit.pinned, options) else "streamed"
 
     streamed = [u for u in uses if mode(u) == "streamed"]
     return StoragePlan(
         budget_bytes=options.budget_bytes,
         weights=tuple(WeightPlacement(u.ref, u.nbytes, u.group, mode(u)) for u in uses),
-        staging_buffers=(fit.staging,) * options.staging_buffers if streamed else (),
+        staging_buffers=(fit.staging,) * options.staging_buffers if fit.staging and streamed else (),
         prefetch_order=tuple(u.ref for u in streamed),
-        expert_cache_bytes=options.expert_cache_bytes, kv_cache_bytes=options.kv_cache_bytes,
+        expert_cache_bytes=fit.parts["expert_cache"], kv_cache_bytes=options.kv_cache_bytes,
         streamed_bytes_per_token=sum(u.per_token for u in streamed))
 
 
@@ -296,6 +415,6 @@ def summarize(plan: ExecutionPlan) -> dict[str, Any]:
     }
 
 
-__all__ = ["CHUNK_MIN", "EMBED", "LM_HEAD", "NORM", "OTHER", "PAGE", "WEIGHT_GROUP_RULES", "WeightUse",
-           "choose_pins", "drop_order", "group_of", "is_trunk", "page_round", "pin_priority", "plan_storage",
-           "staging_unit", "summarize", "weight_group", "weight_uses"]
+__all__ = ["CHUNK_MIN", "EMBED", "LM_HEAD", "NORM", "OTHER", "PAGE", "SMALL", "WEIGHT_GROUP_RULES", "WeightUse",
+           "choose_pins", "drop_order", "expert_cache_need", "group_of", "is_trunk", "page_round", "pin_priority",
+           "pin_unit", "plan_storage", "spread", "staging_unit", "summarize", "weight_group", "weight_uses"]

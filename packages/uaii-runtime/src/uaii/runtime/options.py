@@ -12,6 +12,9 @@ from typing import Any
 
 from uaii.runtime.errors import SessionError
 
+KV_DTYPES = ("f32", "f16")
+KV_POSITIONS = ("absolute", "cache")
+
 
 @dataclass(frozen=True)
 class SessionOptions:
@@ -22,6 +25,11 @@ class SessionOptions:
     max_context: tokens the KV cache holds (0: the model's context length).
     kv_window / kv_sinks: a resident window of that many recent tokens plus ``kv_sinks`` attention sinks
         (0: keep every token).
+    kv_dtype: element type of the KV cache, ``"f32"`` (default) or ``"f16"`` (half the bytes; keys and values are
+        rounded to half precision when cached, attention still computes in float32).
+    kv_positions: the rotary positions of a windowed cache: ``"absolute"`` (default; each token keeps its position
+        in the sequence) or ``"cache"`` (StreamingLLM: a token's position is its slot in the cache, so the model
+        never sees distances beyond the window). Same result without a window; ``"cache"`` needs RoPE models.
     budget_bytes: memory budget for the storage plan (0: none; weights are memory-mapped).
     preset: a memory preset name (uaii.runtime.presets); its budget and window fill the options left at default.
     pin_layers: trunk layers to pin when a budget applies (None: the planner's default).
@@ -38,6 +46,8 @@ class SessionOptions:
     max_context: int = 0
     kv_window: int = 0
     kv_sinks: int = 4
+    kv_dtype: str = "f32"
+    kv_positions: str = "absolute"
     budget_bytes: int = 0
     preset: str | None = None
     pin_layers: int | None = None
@@ -58,6 +68,11 @@ class SessionOptions:
             _int(name, getattr(self, name), lo)
         if self.pin_layers is not None:
             _int("pin_layers", self.pin_layers, 0)
+        if self.kv_dtype not in KV_DTYPES:
+            raise SessionError(f"option kv_dtype must be one of {', '.join(KV_DTYPES)}, found {self.kv_dtype!r}")
+        if self.kv_positions not in KV_POSITIONS:
+            raise SessionError(f"option kv_positions must be one of {', '.join(map(repr, KV_POSITIONS))} "
+                               f"(cache: StreamingLLM positions within the cache), found {self.kv_positions!r}")
         for name in ("enable_fusion", "enable_memory_reuse", "plan_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise SessionError(f"option {name} must be True or False, found {getattr(self, name)!r}")

@@ -80,12 +80,28 @@ class Session:
         self._exe = self.backend.compile(graph, self.plan, self._store, max_tokens=o.max_batch,
                                          memory_reuse=o.enable_memory_reuse, **stream_kw)
         if b.generative:
-            self._kv = self._exe.new_state(self.context, window=o.kv_window, sinks=o.kv_sinks)
+            kv_kw = {"dtype": o.kv_dtype} if o.kv_dtype != "f32" else {}  # a backend's new_state may not take it
+            if o.kv_positions != "absolute":
+                kv_kw["positions"] = o.kv_positions
+            self._kv = self._new_kv_state(kv_kw)
+        elif o.kv_positions != "absolute":
+            raise SessionError(f"[runtime] option kv_positions={o.kv_positions!r} needs a decoder with a KV cache; "
+                               f"{b.path.name} has none")
         self.bytes_per_token = _bytes_per_token(graph, b.locations, self.plan)
         self._tokens = np.zeros(o.max_batch, np.int64)
         self._positions = np.zeros(o.max_batch, np.int64)
         self._decode_feeds = {"tokens": self._tokens[:1], "positions": self._positions[:1]}
         self.state = SessionState.READY
+
+    def _new_kv_state(self, kv_kw: dict[str, Any]) -> Any:
+        o = self.options
+        try:
+            return self._exe.new_state(self.context, window=o.kv_window, sinks=o.kv_sinks, **kv_kw)
+        except UaiiError as exc:
+            if "positions" not in kv_kw:
+                raise
+            raise SessionError(f"[runtime] option kv_positions={o.kv_positions!r} does not apply to "
+                               f"{self._bundle.path.name}: {exc}") from None
 
     def _streaming(self, graph: Any) -> dict[str, Any]:
         """Under a budget: a StreamingStore with the plan's staging bytes, the pinned set read once, and what the
@@ -116,12 +132,11 @@ class Session:
             # one expert of each bank of a node (a read window may straddle one more page than the first expert's)
             one = max(sum(store.buffer_bytes(str(t.weight.with_expert(0))) + 4096 for t in ts)
                       for ts in banks.values())
-            budget = o.expert_cache_bytes
-            if budget < one:
-                if budget:
-                    log.warning("[runtime] expert_cache_bytes=%d cannot hold one expert's gate, up and down "
-                                "weights (%d bytes); the cache holds one", budget, one)
-                budget = one
+            if 0 < o.expert_cache_bytes < one:
+                log.warning("[runtime] expert_cache_bytes=%d cannot hold one expert's gate, up and down "
+                            "weights (%d bytes); the cache holds one", o.expert_cache_bytes, one)
+            # the plan counts the cache in the budget (at least one expert of each bank; experts are never staged)
+            budget = max(storage.expert_cache_bytes, o.expert_cache_bytes, one)
             cache = self._expert_cache = ExpertCache(store, budget)
         return {"streamed": streamed, "prefetch_order": storage.prefetch_order, "expert_cache": cache,
                 "chunk_bytes": max(storage.staging_buffers, default=0)}
@@ -172,7 +187,7 @@ class Session:
         kw: dict[str, Any] = dict(enable_fusion=o.enable_fusion, enable_memory_reuse=o.enable_memory_reuse,
                                   max_tokens=o.max_batch, budget_bytes=o.budget_bytes, device=self.backend.name)
         if o.budget_bytes:
-            kw["kv_cache_bytes"] = _kv_bytes(graph, self._kv_slots()) if self._bundle.generative else 0
+            kw["kv_cache_bytes"] = _kv_bytes(graph, self._kv_slots(), o.kv_dtype) if self._bundle.generative else 0
             kw["expert_cache_bytes"] = o.expert_cache_bytes
             kw["fill_pins"] = True  # what the budget holds beyond the minimum is spent on pinning more layers
         if o.pin_layers is not None:
@@ -272,11 +287,19 @@ class Session:
             if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
                 raise SessionError(f"[runtime] token ids must be in [0, {vocab}), found {int(tokens.min())}.."
                                    f"{int(tokens.max())}")
-            positions[:] = np.arange(self._kv.length, self._kv.length + n)
+            first = self._next_position(n)
+            positions[:] = np.arange(first, first + n)
             logits = self._run({"tokens": tokens, "positions": positions})["logits"]
             self._history.extend(int(t) for t in chunk)
         assert logits is not None
         return logits[-1]
+
+    def _next_position(self, n: int) -> int:
+        """The rotary position of the first of the next ``n`` tokens. With kv_positions="cache" it is a cache slot,
+        known only once the state has made room for them (see KVState.reserve)."""
+        if self.options.kv_positions == "absolute":
+            return int(self._kv.length)
+        return int(self._kv.reserve(n))
 
     def _vocab(self) -> int:
         return int(self.graph.tensor("logits").shape[-1])
@@ -284,7 +307,7 @@ class Session:
     def _step(self, token: int) -> np.ndarray:
         """One decode step (the hot loop): feed one token, return its logits (a view)."""
         self._tokens[0] = token
-        self._positions[0] = self._kv.length
+        self._positions[0] = self._next_position(1)
         out = self._run(self._decode_feeds)
         self._history.append(token)
         return out["logits"][-1]
@@ -474,8 +497,10 @@ def _sampler(params: Any) -> Any:
     return _Sampled(Sampler(params), getattr(params, "repetition_penalty", 1.0) != 1.0)
 
 
-def _kv_bytes(graph: Any, slots: int) -> int:
-    """Bytes of a float32 KV cache of ``slots`` tokens: every past_k.N / past_v.N input is [past, heads, dim]."""
+def _kv_bytes(graph: Any, slots: int, dtype: str = "f32") -> int:
+    """Bytes of a KV cache of ``slots`` tokens (``dtype`` f32 or f16): every past_k.N / past_v.N input is
+    [past, heads, dim]."""
+    item = 2 if dtype == "f16" else 4
     total = 0
     for name in graph.inputs:
         if name.startswith(("past_k.", "past_v.")):
@@ -483,7 +508,7 @@ def _kv_bytes(graph: Any, slots: int) -> int:
             per = 1
             for d in shape[1:]:
                 per *= int(d) if isinstance(d, int) else 0
-            total += per * 4 * slots
+            total += per * item * slots
     return total
 
 

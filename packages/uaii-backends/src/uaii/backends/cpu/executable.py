@@ -18,10 +18,10 @@ import numpy as np
 
 from uaii.backends.base import BackendError, WeightSource, weight_key
 from uaii.backends.cpu.bind import Bind, Step, WeightData, status_fail, to_f32
-from uaii.backends.cpu.kv import KVState
+from uaii.backends.cpu.kv import KeyRotation, KVState
 from uaii.backends.cpu.memory import Layout, NodeInfo, VType, infer_types, nbytes_of, plan_layout
 from uaii.backends.cpu.ops_extra import EXTRA
-from uaii.backends.cpu.ops_fast import FAST
+from uaii.backends.cpu.ops_fast import FAST, rope_inv_freq
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.streaming import StreamingWeights
 from uaii.ir import Graph, Tensor
@@ -106,10 +106,51 @@ class CpuExecutable:
     def has_kv(self) -> bool:
         return bool(self.kv_dims)
 
-    def new_state(self, capacity: int, *, window: int = 0, sinks: int = 4, dtype: str = "f32") -> KVState:
-        """A fresh KV cache for this graph: ``capacity`` tokens (``window + sinks`` slots when windowed)."""
+    def new_state(self, capacity: int, *, window: int = 0, sinks: int = 4, dtype: str = "f32",
+                  positions: str = "absolute") -> KVState:
+        """A fresh KV cache for this graph: ``capacity`` tokens (``window + sinks`` slots when windowed).
+        ``positions="cache"``: rotary positions are cache slots (StreamingLLM; see kv.py), which needs every cached
+        key to come out of a RoPE node fed by a graph input that only RoPE nodes read."""
         slots = window + sinks if window else capacity
-        return KVState(self.kv_dims, slots, dtype=dtype, window=window, sinks=sinks, max_tokens=max(slots, 1))
+        rotations = self.key_rotations() if positions == "cache" else ()
+        return KVState(self.kv_dims, slots, dtype=dtype, window=window, sinks=sinks, max_tokens=max(slots, 1),
+                       positions=positions, rotations=rotations)
+
+    def key_rotations(self) -> list[KeyRotation]:
+        """Per cached layer, the RoPE its keys were rotated with. Raises when positions within the cache would not
+        mean what they should: keys not rotated by RoPE (learned or no position embeddings: gpt2, bert), or a
+        positions input that something besides RoPE reads (it would see cache slots instead of positions)."""
+        producer = {o: info for info in self.infos for o in info.node.outputs if o}
+        readers: dict[str, set[str]] = {}
+        for info in self.infos:
+            for x in info.node.inputs:
+                readers.setdefault(x, set()).add(info.node.op)
+        if not self.kv_dims:
+            raise BackendError(f"[backend] kv positions 'cache': graph {self.graph.name!r} has no cached attention")
+        out: dict[int, KeyRotation] = {}
+        for info in self.infos:
+            layer = self.kv_layer.get(info.node.name)
+            if layer is None:
+                continue
+            where = f"node {info.node.name!r} (Attention) in graph {self.graph.name!r}"
+            rope = producer.get(info.node.inputs[1])
+            if rope is None or rope.node.op != "RoPE":
+                found = "a graph input" if rope is None else f"{rope.node.op} node {rope.node.name!r}"
+                raise BackendError(f"[backend] kv positions 'cache' re-rotates cached keys, so keys must come from a "
+                                   f"RoPE node; {where} reads keys from {found} (a model without rotary "
+                                   "embeddings: use kv_positions='absolute')")
+            pos_name = rope.node.inputs[1]
+            if pos_name not in self.graph.inputs or readers.get(pos_name, set()) != {"RoPE"}:
+                raise BackendError(f"[backend] kv positions 'cache' feeds cache slots as positions; {where}: the "
+                                   f"positions {pos_name!r} of its RoPE are not a graph input read only by RoPE nodes")
+            ff_name = rope.node.inputs[2] if len(rope.node.inputs) > 2 else ""
+            if ff_name and ff_name not in self.weight_names:
+                raise BackendError(f"[backend] kv positions 'cache': {where}: the frequency factors {ff_name!r} of "
+                                   "its RoPE are computed, not a weight")
+            rot = int(rope.attrs["rotary_dims"]) or self.kv_dims[layer][1]
+            ff = self.f32_weight(ff_name) if ff_name else None
+            out[layer] = KeyRotation(rot, rope_inv_freq(rot, rope.attrs, ff), rope.attrs["mode"] == "neox")
+        return [out[i] for i in range(len(self.kv_dims))]
 
     # --- weights -------------------------------------------------------------------------------------------
     def weight(self, name: str) -> WeightData:
@@ -183,6 +224,7 @@ class CpuExecutable:
         steps: list[Step] = []
         names: list[str] = []
         n_new = 0
+        wrap = -1  # after the last step that acquires streamed weights
         for info in self.infos:
             node = info.node
             if node.outputs and node.outputs[0] in self._layout.views:
@@ -190,10 +232,17 @@ class CpuExecutable:
             if node.name in self.kv_layer:
                 n_new = types[node.inputs[0]].shape[0]
             got = self.streaming.lower(b, info) if self.streaming is not None else None
+            if got is not None and self.streaming is not None and self.streaming.acquired_refs(info):
+                wrap = len(steps) + len(got)
             if got is None:
                 got = lower_node(b, info)
             steps += got
             names += [node.name] * len(got)
+        if self.streaming is not None and wrap >= 0:
+            # wrap around as soon as the last streamed weight is released: the next run's first weights are read
+            # while the rest of this run (the final norm, a pinned lm_head) computes and the caller samples
+            steps.insert(wrap, self.streaming.start)
+            names.insert(wrap, "(prefetch of the next run)")
         steps = b.prologue + steps
         names = ["(feeds)"] * len(b.prologue) + names
         feeds = [(n, arrays[n]) for n in self.input_names]
@@ -249,8 +298,6 @@ class CpuExecutable:
         for f in binding.steps:
             if f():
                 self._fail(binding, f)
-        if self.streaming is not None:
-            self.streaming.start()  # wrap around: the next run's first weights are read while the caller samples
         if state is not None and n:
             state.advance(n)
         return dict(binding.outputs)

@@ -10,6 +10,13 @@ wherever it sits. That is what makes a resident window possible: with ``window >
 ``sinks`` slots (attention sinks) and the most recent tokens, compacting (one memmove per layer) when a run would
 not fit, while the attention kernel masks by the stored positions. ``window = 0`` keeps everything (capacity
 ``max_context``); untouched capacity costs address space, not memory (pages are committed on first write).
+
+``positions="cache"`` is the StreamingLLM positioning instead: a token's *rotary* position is the slot it occupies
+(sinks ``0..sinks-1``, then the window in order), so the model never sees a distance larger than the cache, whereas
+``pos`` stays absolute for the causal and sliding-window masks. It equals caching keys before RoPE and rotating them
+by slot at attention time, done cheaply: rotations compose, so when compaction moves keys down by ``shift`` slots
+they are rotated by ``-shift`` once (O(window) per compaction, nothing per step). The caller feeds the positions
+:meth:`KVState.reserve` returns.
 """
 
 from __future__ import annotations
@@ -17,10 +24,14 @@ from __future__ import annotations
 import contextlib
 import mmap
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from uaii.backends.cpu.bind import fptr, lib, vptr
 from uaii.ir import UaiiError
+
+POSITIONS = ("absolute", "cache")
 
 
 def lazy_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -39,17 +50,50 @@ class KVCacheFull(UaiiError):
     component = "kv"
 
 
+@dataclass(frozen=True)
+class KeyRotation:
+    """The rotary embedding a layer's keys were cached with: all that rotating them again by a delta needs (the
+    yarn ``attn_factor`` is left out on purpose: it scaled the keys once and a re-rotation must not scale again)."""
+
+    rot: int  # rotated dims of each head (the rest pass through)
+    inv_freq: np.ndarray  # float32 [rot / 2], scaling and frequency factors folded in
+    neox: bool  # halves rotated together (NeoX / GPT-J style) rather than adjacent pairs
+
+    def shift(self, keys: np.ndarray, delta: int) -> None:
+        """Rotate ``keys`` [n, heads, dim] in place from position p to p + ``delta`` (R(p + d) = R(d) R(p))."""
+        n, h, d = keys.shape
+        if n == 0 or delta == 0:
+            return
+        work = keys if keys.dtype == np.float32 else keys.astype(np.float32)
+        deltas = np.full(n, delta, np.int32)
+        rc = lib.uk_rope(fptr(work), fptr(work), n, h, d, self.rot, vptr(deltas, "int32_t *"), fptr(self.inv_freq),
+                         1.0, int(self.neox))
+        if rc:
+            raise KVCacheFull(f"[kv] re-rotating {n} cached keys failed: kernel status {rc}")
+        if work is not keys:
+            keys[...] = work
+
+
 class KVState:
     """Keys and values of every cached layer, their absolute positions, and the sequence length."""
 
     def __init__(self, layers: Sequence[tuple[int, int, int]], capacity: int, *, dtype: str = "f32",
-                 window: int = 0, sinks: int = 4, max_tokens: int = 512) -> None:
+                 window: int = 0, sinks: int = 4, max_tokens: int = 512, positions: str = "absolute",
+                 rotations: Sequence[KeyRotation] = ()) -> None:
         """``layers``: (n_kv_heads, head_dim_k, head_dim_v) per layer; ``capacity``: slots per layer
-        (``window + sinks`` when windowed)."""
+        (``window + sinks`` when windowed); ``rotations``: per layer, the RoPE of its keys (``positions="cache"``
+        only: compaction re-rotates the keys it moves)."""
         if dtype not in ("f32", "f16"):
             raise KVCacheFull(f"[kv] cache dtype must be f32 or f16, found {dtype!r}")
         if capacity < 1:
             raise KVCacheFull(f"[kv] capacity must be >= 1, found {capacity}")
+        if positions not in POSITIONS:
+            raise KVCacheFull(f"[kv] positions must be one of {', '.join(POSITIONS)}, found {positions!r}")
+        if positions == "cache" and len(rotations) != len(layers):
+            raise KVCacheFull(f"[kv] positions='cache' needs the key rotation of each of the {len(layers)} layers, "
+                              f"found {len(rotations)}")
+        self.positions = positions
+        self.rotations = tuple(rotations) if positions == "cache" else ()
         np_dtype = np.dtype(np.float32 if dtype == "f32" else np.float16)
         self.dtype = dtype
         self.capacity = int(capacity)
@@ -99,17 +143,25 @@ class KVState:
         per_slot = sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
         return per_slot // self.capacity * self.used
 
-    # --- used by the executor around one run -----------------------------------------------------------------
+    # --- used by the caller before a run, and by the executor around it -----------------------------------------
+    def reserve(self, n: int) -> int:
+        """Make room for the next ``n`` tokens now (compacting the window if needed) and return the rotary position
+        of the first: its absolute position, or with ``positions="cache"`` the slot it will be written to. Feeding
+        positions from here is what the cache positioning requires (a run cannot move its own inputs)."""
+        if self.used + n > self.capacity:
+            self._make_room(n)
+        return self.used if self.positions == "cache" else self._length
+
     def prepare(self, n: int) -> None:
         """Make room for ``n`` new tokens and set their positions (``q_pos[:n]``, ``pos[used:used + n]``)."""
         if n > self.q_pos.size:
             self.q_pos = np.zeros(n, np.int32)
             self._arange = np.arange(n, dtype=np.int32)
         if self.used + n > self.capacity:
-            if not self.window:
-                raise KVCacheFull(f"[kv] the KV cache holds {self.capacity} tokens; {self.used} are used and "
-                                  f"this step adds {n} (raise max_context or set kv_window)")
-            self._compact(n)
+            if self.positions == "cache":
+                raise KVCacheFull(f"[kv] positions='cache': call reserve({n}) before the run and feed the positions "
+                                  "it returns (compaction moves the slots the new tokens' RoPE positions depend on)")
+            self._make_room(n)
         q = self.q_pos[:n]
         np.add(self._arange[:n], self._length, out=q)
         self.pos[self.used:self.used + n] = q
@@ -117,6 +169,12 @@ class KVState:
     def advance(self, n: int) -> None:
         self.used += n
         self._length += n
+
+    def _make_room(self, n: int) -> None:
+        if not self.window:
+            raise KVCacheFull(f"[kv] the KV cache holds {self.capacity} tokens; {self.used} are used and "
+                              f"this step adds {n} (raise max_context or set kv_window)")
+        self._compact(n)
 
     def _compact(self, n: int) -> None:
         """Drop the oldest tokens after the sinks so that ``n`` more fit, keeping at least ``window - n`` recent
@@ -131,6 +189,8 @@ class KVState:
         for arrays in (self.k, self.v):
             for a in arrays:
                 a[dst:dst + keep_recent] = a[start:self.used]
+        for a, rotation in zip(self.k, self.rotations, strict=False):  # cache positions: slot = rotary position
+            rotation.shift(a[dst:dst + keep_recent], dst - start)
         self.pos[dst:dst + keep_recent] = self.pos[start:self.used]
         self.used = dst + keep_recent
         self.pos[self.used:] = -1
@@ -138,7 +198,8 @@ class KVState:
 
     def __repr__(self) -> str:
         return (f"<KVState layers={self.n_layers} length={self._length} used={self.used}/{self.capacity} "
-                f"{self.dtype}{f' window={self.window}+{self.sinks}' if self.window else ''}>")
+                f"{self.dtype}{f' window={self.window}+{self.sinks}' if self.window else ''}"
+                f"{' positions=cache' if self.positions == 'cache' else ''}>")
 
 
-__all__ = ["KVCacheFull", "KVState"]
+__all__ = ["POSITIONS", "KVCacheFull", "KVState", "KeyRotation"]

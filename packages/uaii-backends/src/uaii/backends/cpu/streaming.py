@@ -13,8 +13,9 @@ Kernel steps are bound to pointers, so the steps of a node are cached by the add
 with the store's deterministic first-fit allocation the same node lands at the same addresses token after token,
 and a decode step then lowers nothing and allocates nothing beyond the staging pool (``relowered`` counts misses).
 
-At the start and at the end of every run the whole acquisition order is queued again (``prefetch``), so that the
-first layers of the next token are already read while the caller samples (wrap-around).
+At the start of every run, and again right after the run's last streamed weight is released (a step of its own),
+the whole acquisition order is queued (``prefetch``), so that the first streamed layers of the next token are read
+while the rest of this run (final norm, a pinned lm_head) computes and the caller samples (wrap-around).
 
 Two weights never go through staging:
 

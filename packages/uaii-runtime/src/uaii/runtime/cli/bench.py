@@ -103,6 +103,16 @@ def run_bench(session: Any, *, prompt_tokens: int, gen_tokens: int, warmup: int 
     }
 
 
+def kv_for_bench(options: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """KV options for a run that never holds more than ``tokens`` tokens: a cache of exactly that many (no window),
+    unless the preset's window is smaller. A preset's 2048-token window would reserve (and, under a budget, plan)
+    a KV cache the benchmark never fills: SmolLM2's is 90 MiB, more than a 50 % budget of its weights."""
+    window = int(options.get("kv_window") or 0)
+    if window and window + int(options.get("kv_sinks") or 0) <= tokens:
+        return {}
+    return {"kv_window": 0, "max_context": tokens}
+
+
 def _generate_ignoring_eos(session: Any, ids: list[int], n: int, greedy: SamplingParams) -> Any:
     """Generate ``n`` tokens: EOS must not end a benchmark early, where the Session lets us say so."""
     kwargs: dict[str, Any] = {"max_new_tokens": n, "sampling": greedy, "add_special": False}
@@ -116,6 +126,7 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     if args.prompt_tokens < 1 or args.gen_tokens < 1:
         raise CliError("--prompt-tokens and --gen-tokens must be >= 1")
     preset, options = runtime_options(args)
+    options.update(kv_for_bench(options, args.prompt_tokens + args.gen_tokens))
     t0 = time.perf_counter()
     session = ctx.open_session(path, **options)
     load_s = time.perf_counter() - t0
@@ -149,4 +160,5 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-__all__ = ["BENCH_TEXT", "add_parsers", "bench_prompt_ids", "cmd_bench", "peak_rss_bytes", "run_bench"]
+__all__ = ["BENCH_TEXT", "add_parsers", "bench_prompt_ids", "cmd_bench", "kv_for_bench", "peak_rss_bytes",
+           "run_bench"]
