@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_models import model_path
+
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 
@@ -41,15 +43,6 @@ RECORDED = {
     "gemma3": {"label": "Gemma-3-270M Q4_K_M", "prefill_tok_s": 992.0, "decode_tok_s": 92.0,
                "peak_rss_bytes": 405 * MiB},
 }
-
-
-def model_path(key: str) -> Path:
-    spec = importlib.util.spec_from_file_location("uaii_scripts_models", REPO / "scripts" / "models.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("uaii_scripts_models", mod)  # dataclasses look their module up while it executes
-    spec.loader.exec_module(mod)
-    return Path(mod.ensure_model(key, quiet=False))
 
 
 def prompt_ids(path: Path, n_tokens: int) -> list[int]:

@@ -21,7 +21,6 @@ window" columns score only the later ones, where the runs differ.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
@@ -30,18 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_models import model_path
 
 REPO = Path(__file__).resolve().parents[1]
 SINKS = 4
-
-
-def model_path(key: str) -> Path:
-    spec = importlib.util.spec_from_file_location("uaii_scripts_models", REPO / "scripts" / "models.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("uaii_scripts_models", mod)  # dataclasses look their module up while it executes
-    spec.loader.exec_module(mod)
-    return Path(mod.ensure_model(key, quiet=False))
 
 
 def long_text() -> str:

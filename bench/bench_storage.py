@@ -41,6 +41,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from bench_models import model_path
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))  # sibling modules: bench_storage_io, synth_gguf
@@ -368,17 +370,6 @@ def file_bandwidth(path: Path, runs: int) -> float:
 
     size = path.stat().st_size
     return median(io_bench.raw_read(path, size, 1, 8 * MiB) for _ in range(runs))
-
-
-def model_path(key: str) -> Path:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("uaii_scripts_models", REPO / "scripts" / "models.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("uaii_scripts_models", mod)
-    spec.loader.exec_module(mod)
-    return Path(mod.ensure_model(key, quiet=False))
 
 
 def bench_real(args: argparse.Namespace, raw: float, out: dict[str, Any], targets: list[bool]) -> None:
