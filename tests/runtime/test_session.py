@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from uaii.ir import DType, Node, Tensor, WeightRef, make_graph, save, validate
-from uaii.runtime import GenerationResult, Session, SessionError, SessionOptions, SessionState
+from uaii.runtime import GenerationResult, SamplingParams, Session, SessionError, SessionOptions, SessionState
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -104,9 +104,30 @@ def test_prefill_chunks_and_prompt_reuse(tiny: Path) -> None:
         assert small.kv_length == big.kv_length == len(prompt)
         a = big.generate(prompt, max_new_tokens=6, ignore_eos=True)
         b = big.generate(prompt, max_new_tokens=6, ignore_eos=True)
-        assert b.stats.cached_tokens == len(prompt) - 1 and b.tokens == a.tokens
+        assert b.stats.cached_tokens == len(prompt) and b.tokens == a.tokens     # the kept prefill logits
+        c = big.generate(prompt[:-1], max_new_tokens=6, ignore_eos=True)        # a shorter prompt: re-fed
+        assert c.stats.cached_tokens == len(prompt) - 2
         big.reset()
         assert big.kv_length == 0
+
+
+def test_a_repeated_prompt_draws_what_a_fresh_session_draws(tiny: Path) -> None:
+    """Regression: the second call re-fed the last prompt token alone (the decode path), whose logits differ in
+    the last bits from the batched prefill's, so a seeded sampled draw could differ from a fresh session's."""
+    prompt = [1, *range(3, 30)]
+    params = SamplingParams(temperature=1.5, seed=3)
+    with Session(tiny) as fresh:
+        expected = fresh.generate(prompt, max_new_tokens=8, sampling=params, ignore_eos=True)
+        first_logits = fresh._prompt_logits
+    with Session(tiny) as s:
+        s.generate(prompt, max_new_tokens=8, sampling=params, ignore_eos=True)
+        s.forward([7, 8, 9])                                                     # more tokens after it
+        again = s.generate(prompt, max_new_tokens=8, sampling=params, ignore_eos=True)
+        assert again.stats.cached_tokens == len(prompt) and again.tokens == expected.tokens
+        assert first_logits is not None and s._prompt_logits is not None
+        np.testing.assert_array_equal(s._prompt_logits[1], first_logits[1])
+        s.generate(prompt[:10], max_new_tokens=2, ignore_eos=True)               # rewinds below the prompt:
+        assert s._prompt_logits is not None and s._prompt_logits[0] == 10        # its logits are dropped
 
 
 def test_context_limit_and_window(tiny: Path) -> None:

@@ -62,9 +62,10 @@ def test_smollm2_streams_under_a_budget_with_the_same_tokens(smollm2_path: Path,
         ideal = storage.streamed_bytes_per_token
         assert res.stats.bytes_read_per_token == pytest.approx(ideal, rel=0.05)
         before, relowered = st["bytes_read"], st["relowered"]
-        more = s.generate(PROMPT, max_new_tokens=12)  # the prompt is cached: only decode passes now
+        more = s.generate(PROMPT, max_new_tokens=12)  # the prompt and its logits are kept: only decode passes
         after = s.storage_stats()
-        passes = len(more.tokens)  # the last prompt token + len(tokens) - 1 decode steps
+        assert more.stats.cached_tokens == len(res.prompt_tokens)
+        passes = len(more.tokens) - 1  # the first token samples the kept logits; every other one is a pass
         assert (after["bytes_read"] - before) / passes == pytest.approx(ideal, rel=0.05)
         assert after["bytes_read_per_token"] == pytest.approx(ideal, rel=0.05)
         assert after["relowered"] == relowered  # steady state: the same staging addresses, nothing re-bound

@@ -47,6 +47,9 @@ class Session:
         self._kv: Any = None
         self._full: Any = None  # functional executable for run() on a decoder graph
         self._history: list[int] = []  # tokens whose keys and values the cache holds
+        # the last prompt's length and the logits its prefill ended with: a repeated prompt reuses them as they
+        # are, where re-feeding its last token (the decode path) would give logits that differ in the last bits
+        self._prompt_logits: tuple[int, np.ndarray] | None = None
         t0 = time.perf_counter()
         self._bundle: ModelBundle = load_bundle(path)
         self.tokenizer = self._bundle.tokenizer
@@ -248,6 +251,7 @@ class Session:
         if self._kv is not None:
             self._kv.reset()
         self._history = []
+        self._prompt_logits = None
 
     @property
     def kv_length(self) -> int:
@@ -394,10 +398,14 @@ class Session:
         try:
             if max_new == 0:
                 return
-            reuse = self._reuse(ids)
+            reuse, saved = self._reuse(ids)
             stats.cached_tokens = reuse
             read0 = self._bytes_read()
-            logits = self._feed(ids[reuse:])
+            if saved is None:
+                logits = self._feed(ids[reuse:])
+                self._prompt_logits = (len(ids), np.array(logits, dtype=np.float32))
+            else:
+                logits = saved
             t1 = time.perf_counter()
             stats.prefill_s = t1 - t0
             stats.prefill_tok_s = (len(ids) - reuse) / stats.prefill_s if stats.prefill_s > 0 else 0.0
@@ -457,9 +465,17 @@ class Session:
             return 0
         return int(self._store.telemetry.snapshot().get("bytes_read", 0))
 
-    def _reuse(self, ids: list[int]) -> int:
-        """How many leading prompt tokens the cache already holds; the cache is rewound to them."""
-        keep = min(common_prefix(self._history, ids), len(ids) - 1)
+    def _reuse(self, ids: list[int]) -> tuple[int, np.ndarray | None]:
+        """How many leading prompt tokens the cache already holds (the cache is rewound to them), and the logits of
+        the last prompt token when the whole prompt is the previous prompt, whose prefill logits are kept: a
+        repeated prompt then samples from the logits the first call sampled from (on a fresh session: the ones a
+        fresh session computes), where re-feeding its last token alone runs the decode path, whose results differ
+        in the last bits from a batched prefill and can change a seeded draw. Otherwise the last prompt token is
+        run again."""
+        common = common_prefix(self._history, ids)
+        saved = self._prompt_logits
+        whole = saved is not None and common == len(ids) == saved[0]
+        keep = len(ids) if whole else min(common, len(ids) - 1)
         if keep < len(self._history):
             try:
                 self._kv.truncate(keep)
@@ -467,7 +483,11 @@ class Session:
                 keep = 0
                 self._kv.reset()
             del self._history[keep:]
-        return keep
+        if saved is not None and keep < saved[0]:
+            self._prompt_logits = None  # the tokens those logits came from are gone from the cache
+        if whole and keep == len(ids) and saved is not None:
+            return keep, saved[1].copy()
+        return keep, None
 
 
 class _Greedy:
