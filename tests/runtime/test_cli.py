@@ -211,6 +211,8 @@ def test_filters_without_temperature_stay_greedy_and_say_so(model_file, capsys):
     (["--threads", "0"], "[cli] --threads"),
     (["-n", "-2"], "[cli] -n"),
     (["--system", "s"], "[cli] --system needs --chat"),
+    (["--kv-window", "-1"], "[cli] --kv-window must be >= 0"),
+    (["--kv-sinks", "-2"], "[cli] --kv-sinks must be >= 0"),
 ])
 def test_bad_option_values_are_one_line_errors(model_file, flags, needle, capsys):
     code, out, err = run(["run", model_file, "-p", "x", *flags], capsys)
@@ -234,6 +236,17 @@ def test_the_cli_applies_a_preset(model_file, flags, budget, window, capsys):
         assert opts["preset"] == "auto" and opts["budget_bytes"] > 0
     else:
         assert opts["budget_bytes"] == budget
+
+
+def test_kv_flags_reach_the_session(model_file, capsys):
+    argv = ["run", model_file, "-p", "x", "--kv-window", "512", "--kv-sinks", "2", "--kv-positions", "cache",
+            "--kv-dtype", "f16"]
+    code, out, err = run(argv, capsys)
+    assert code == 0 and "kv window 512" in out + err
+    opts = FakeSession.opened[0].options
+    assert (opts["kv_window"], opts["kv_sinks"], opts["kv_positions"], opts["kv_dtype"]) == (512, 2, "cache", "f16")
+    assert run(["run", model_file, "-p", "x", "--kv-window", "0"], capsys)[0] == 0
+    assert FakeSession.opened[-1].options["kv_window"] == 0 and "kv_positions" not in FakeSession.opened[-1].options
 
 
 def test_run_chat_uses_the_template(model_file, capsys):

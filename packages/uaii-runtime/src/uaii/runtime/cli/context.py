@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,7 @@ def add_model_argument(ap: argparse.ArgumentParser) -> None:
 
 
 def add_runtime_options(ap: argparse.ArgumentParser) -> None:
-    """--threads, --preset, --budget: the Session options of run, chat and bench."""
+    """--threads, --preset, --budget and the KV cache flags: the Session options of run, chat and bench."""
     g = ap.add_argument_group("runtime")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="CPU threads (default: the runtime's choice)")
@@ -105,6 +105,14 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
                         "MemAvailable); see docs/cli.md")
     g.add_argument("--budget", metavar="BYTES", default=None,
                    help="memory budget, e.g. 256MiB, 2GB (0 = unlimited); replaces the preset's budget")
+    g.add_argument("--kv-window", type=int, default=None, metavar="N",
+                   help="KV cache window in tokens (0 = keep every token); replaces the preset's window")
+    g.add_argument("--kv-sinks", type=int, default=None, metavar="N",
+                   help="attention-sink tokens kept outside the window (default 4)")
+    g.add_argument("--kv-positions", choices=("absolute", "cache"), default=None,
+                   help="rotary positions of a windowed cache: absolute (default) or cache slots (StreamingLLM)")
+    g.add_argument("--kv-dtype", choices=("f32", "f16"), default=None,
+                   help="KV cache element type (default f32; f16 halves the cache)")
 
 
 def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str, Any]]:
@@ -115,6 +123,16 @@ def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str,
         if args.threads < 1:
             raise CliError(f"--threads must be >= 1, found {args.threads}")
         options["n_threads"] = args.threads
+    for flag, name, lo in (("--kv-window", "kv_window", 0), ("--kv-sinks", "kv_sinks", 0)):
+        value = getattr(args, name, None)
+        if value is not None:
+            if value < lo:
+                raise CliError(f"{flag} must be >= {lo}, found {value}")
+            options[name] = value
+            preset = replace(preset, **{name: value})  # the stats line shows the window in effect
+    for name in ("kv_positions", "kv_dtype"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
     return preset, options
 
 
