@@ -262,6 +262,26 @@ def test_argmax() -> None:
     assert run("ArgMax", f32_to_bf16(np.array([-3.0, -1.0, -2.0], np.float32))).tolist() == [1]
 
 
+def test_reduce_mean_matches_numpy() -> None:
+    x = randn(3, 4, 5)
+    x64 = x.astype(np.float64)  # the reference sums in float64 and rounds once
+    np.testing.assert_allclose(run("ReduceMean", x, axes=(0,)), x64.mean(axis=0, keepdims=True), rtol=1e-7)
+    np.testing.assert_allclose(run("ReduceMean", x, axes=(-1, 0), keepdims=False), x64.mean(axis=(0, 2)), rtol=1e-7)
+    assert run("ReduceMean", x).shape == (1, 1, 1) and run("ReduceMean", x, keepdims=False).shape == ()
+    np.testing.assert_allclose(run("ReduceMean", x, axes=()), x64.mean(keepdims=True), rtol=1e-7)
+    h = x.astype(np.float16)
+    assert run("ReduceMean", h, axes=(1,)).dtype == np.float16
+    bf = run("ReduceMean", f32_to_bf16(np.array([[1.0, 2.0], [3.0, 5.0]], np.float32)), axes=(1,))
+    assert bf.dtype == np.uint16 and bf16_to_f32(bf).ravel().tolist() == [1.5, 4.0]
+    big = np.full((4096, 2), 1e4, np.float16)  # a float16 sum would overflow; the mean must not
+    assert run("ReduceMean", big, axes=(0,)).tolist() == [[1e4, 1e4]]
+    assert np.isnan(run("ReduceMean", np.zeros((0, 3), np.float32), axes=(0,))).all()  # ONNX: 0 / 0
+    with pytest.raises(EvaluationError, match="distinct axes"):
+        run("ReduceMean", x, axes=(0, -3))
+    with pytest.raises(EvaluationError, match="expected a float"):
+        run("ReduceMean", np.arange(6, dtype=np.int64), axes=(0,))
+
+
 # --- movement -----------------------------------------------------------------------------------------------
 @FAST
 @given(x=hnp.arrays(np.int32, hnp.array_shapes(min_dims=1, max_dims=4, max_side=4)), data=st.data())

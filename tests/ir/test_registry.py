@@ -276,6 +276,24 @@ def test_index_reduce_moe_glu_shapes() -> None:
     assert infer("Cast", [T(Q4K, 4, 256)], to="float16") == [[(4, 256)], [F16]]
 
 
+def test_reduce_mean_schema_and_shapes() -> None:
+    rm = default_registry().get("ReduceMean")
+    assert rm.kind is OpKind.REDUCE and not rm.elementwise and rm.allowed(rm.inputs[0]) == FLOATS
+    assert [(a.name, a.default) for a in rm.attrs] == [("axes", None), ("keepdims", True)]
+    assert infer("ReduceMean", [T(F32, "seq", 32)], axes=[0]) == [(1, 32)]
+    assert infer("ReduceMean", [T(F32, "seq", 32)], axes=[-2], keepdims=0) == [(32,)]
+    assert infer("ReduceMean", [T(F16, 2, "s", 4)], axes=[2, 0], keepdims=1) == [(1, "s", 1)]
+    assert infer("ReduceMean", [T(F32, 2, "s", 4)]) == [(1, 1, 1)]  # no axes: every axis, as in ONNX
+    assert infer("ReduceMean", [T(F32, 2, "s", 4)], axes=[], keepdims=False) == [()]
+    for axes, match in (([2], "out of range"), ([-3], "out of range"), ([1, -1], "twice")):
+        with pytest.raises(InferError, match=match) as e:
+            infer("ReduceMean", [T(F32, "seq", 32)], axes=axes)
+        assert e.value.code == "attr-range"
+    assert rm.check_dtypes([I32], [None]) == ["input #0 ('X') has dtype i32; expected bf16, f16 or f32"]
+    _, problems = rm.resolve_attrs(Node("m", "ReduceMean", ("x",), ("y",), {"keepdims": 2}))
+    assert [c for c, _ in problems] == ["attr-type"]
+
+
 def test_dtype_constraints() -> None:
     mm = default_registry().get("MatMul")
     assert mm.check_dtypes([F32, Q4K], [F32]) == []

@@ -239,7 +239,8 @@ def _store(arr: np.ndarray, name: str, mode: str) -> Any:
     return arr.astype(np.float16)
 
 
-def hf_to_gguf(hf_dir: Path, out: Path, arch: str, mode: str = "f32", **write_kw: Any) -> list[Path]:
+def hf_to_gguf(hf_dir: Path, out: Path, arch: str, mode: str = "f32", extra_kv: dict[str, Any] | None = None,
+               **write_kw: Any) -> list[Path]:
     """Convert a tiny HF model to GGUF: mode f32, f16, or q (Q8_0/Q4_0 matrices, f16 where blocks do not "
       "fit)."""
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -295,5 +296,6 @@ def hf_to_gguf(hf_dir: Path, out: Path, arch: str, mode: str = "f32", **write_kw
         kv[f"{g}.rope.scaling.attn_factor"] = math.sqrt(1 + math.log(scale) / math.log(orig))
         kv[f"{g}.rope.scaling.original_context_length"] = orig
 
+    kv.update(extra_kv or {})
     stored = {name: _store(arr, name, mode) for name, arr in tensors.items()}
     return write_gguf(out, g, kv, stored, **write_kw)

@@ -37,6 +37,23 @@ def test_bert_run_matches_transformers(tmp_path: Path) -> None:
     np.testing.assert_allclose(got["pooled"], want.pooler_output.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_bert_mean_pooling_runs_on_the_cpu_backend(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    d = H.save_tiny("bert", tmp_path / "bert")
+    gguf = H.hf_to_gguf(d, tmp_path / "bert-mean.gguf", "bert", "f32", extra_kv={"bert.pooling_type": 1})[0]
+    model = transformers.BertModel.from_pretrained(d, attn_implementation="eager").eval()
+    ids = torch.from_numpy(TOKENS)[None]
+    with torch.no_grad():
+        want = model(ids, token_type_ids=torch.zeros_like(ids)).last_hidden_state[0].numpy().mean(0, keepdims=True)
+    feeds = {"tokens": TOKENS, "positions": np.arange(len(TOKENS), dtype=np.int64),
+             "token_types": np.zeros(len(TOKENS), dtype=np.int64)}
+    with Session(gguf) as s:
+        got = s.run(feeds)
+    np.testing.assert_allclose(got["pooled"], want, rtol=1e-4, atol=1e-4)
+
+
 def test_second_session_of_a_model_skips_planning(tmp_path: Path, _private_cache: Path) -> None:
     pytest.importorskip("torch")
     d = H.save_tiny("llama", tmp_path / "llama")

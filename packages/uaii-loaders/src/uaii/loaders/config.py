@@ -93,7 +93,7 @@ class ModelConfig:
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()  # MoE models: layers with a dense MLP instead of experts
     type_vocab_size: int = 0
-    pooling: str = ""  # bert: cls | mean
+    pooling: str = ""  # bert: pooler | cls | mean (see arch/bert.py)
     bos_token_id: int = -1
     eos_token_ids: tuple[int, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -294,7 +294,7 @@ def _hf_specifics(cfg: ModelConfig, c: _Src) -> ModelConfig:
                         attn_scale=scalar ** -0.5, attn_softcap=c.float("attn_logit_softcapping", 0.0),
                         final_softcap=c.float("final_logit_softcapping", 0.0))
     if arch == "bert":
-        cfg = cfg.with_(causal=False, type_vocab_size=c.int("type_vocab_size", 2), pooling="cls")
+        cfg = cfg.with_(causal=False, type_vocab_size=c.int("type_vocab_size", 2), pooling="pooler")
     if arch == "mixtral":
         cfg = cfg.with_(n_experts=c.int("num_local_experts"), n_experts_used=c.int("num_experts_per_tok"),
                         d_ff_expert=cfg.d_ff, norm_topk_prob=True)
@@ -384,7 +384,11 @@ def from_gguf(meta: Mapping[str, Any], where: str = "model.gguf") -> ModelConfig
         scale = (d // n_heads) ** -0.5 if n_layers == 62 else head_dim ** -0.5
         cfg = cfg.with_(embedding_scale=math.sqrt(d), attn_scale=scale)
     if arch == "bert":
-        pooling = {1: "mean", 2: "cls"}.get(c.int("pooling_type", 2), "cls")
+        kind = c.int("pooling_type", 2)  # llama.cpp's enum llama_pooling_type
+        pooling = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}.get(kind)
+        if pooling is None:
+            raise LoaderError(f"{where}: bert.pooling_type = {kind} is not a pooling type llama.cpp defines "
+                              "(0 none, 1 mean, 2 cls, 3 last, 4 rank)")
         cfg = cfg.with_(pooling=pooling)
     return _check(cfg, where)
 

@@ -43,6 +43,7 @@ class HFDirectory:
     tokenizer_files: dict[str, Path] = field(default_factory=dict)
     chat_template: str | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
+    pooling: str | None = None  # what a sentence-transformers Pooling module asks for; None without one
 
 
 def read_json(path: Path, component: str = "hf") -> Any:
@@ -90,6 +91,32 @@ def _weights(path: Path) -> SafetensorsModel:
     raise LoaderError(f"{path}: no weights found (expected model.safetensors or {INDEX_NAME})")
 
 
+ST_POOLING = "sentence_transformers.models.Pooling"
+_ST_MODES = (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
+             ("pooling_mode_max_tokens", "max"), ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+             ("pooling_mode_weightedmean_tokens", "weightedmean"), ("pooling_mode_lasttoken", "lasttoken"))
+
+
+def _sentence_pooling(path: Path) -> str | None:
+    """The pooling of a sentence-transformers directory: its embeddings are what its Pooling module computes
+    (a mean, mostly), never HF's pooler, which sentence-transformers does not apply."""
+    modules_path = path / "modules.json"
+    if not modules_path.is_file():
+        return None
+    modules = read_json(modules_path)
+    entry = next((m for m in modules if isinstance(m, dict) and m.get("type") == ST_POOLING), None) \
+        if isinstance(modules, list) else None
+    if entry is None:
+        return None
+    cfg_path = path / str(entry.get("path") or "1_Pooling") / "config.json"
+    cfg = read_json(cfg_path) if cfg_path.is_file() else {}
+    if not isinstance(cfg, dict):
+        raise FormatError("a Pooling config must hold a JSON object", path=str(cfg_path), offset=0, component="hf")
+    # a key left out takes sentence-transformers' default: mean pooling and nothing else
+    modes = [name for key, name in _ST_MODES if cfg.get(key, name == "mean")]
+    return "+".join(modes) or "none"
+
+
 def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
     """Read a model directory: config, weights (headers only) and the tokenizer files present."""
     p = Path(path).resolve()
@@ -104,7 +131,7 @@ def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
     files = {role: p / name for name, role in TOKENIZER_FILES.items() if (p / name).is_file()}
     gen = read_json(files["generation_config"]) if "generation_config" in files else {}
     return HFDirectory(p, config, _weights(p), files, _chat_template(files),
-                       gen if isinstance(gen, dict) else {})
+                       gen if isinstance(gen, dict) else {}, _sentence_pooling(p))
 
 
 

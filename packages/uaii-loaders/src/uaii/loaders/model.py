@@ -131,6 +131,8 @@ class HFLoader:
         if eos is not None:
             ids = eos if isinstance(eos, list) else [eos]
             cfg = cfg.with_(eos_token_ids=tuple(int(x) for x in ids if isinstance(x, int)))
+        if d.pooling is not None and cfg.architecture == "bert":
+            cfg = cfg.with_(pooling=d.pooling)
         ws = WeightSet.from_hf(WeightIndex(d.path), d.weights.tensors.values(), cfg.architecture, str(d.path))
         return _finish(path, d.path, "hf", cfg, ws, d.path.name, validate, tokenizer_files=d.tokenizer_files,
                        chat_template=d.chat_template, source_metadata=d.config)

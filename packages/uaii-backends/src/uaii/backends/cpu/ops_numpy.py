@@ -281,6 +281,16 @@ def argmax(b: Bind, info: NodeInfo) -> list[Step]:
     return [numpy_step(lambda: np.copyto(y, np.argmax(compute(x, dt), axis=axis, keepdims=keep)))]
 
 
+def reduce_mean(b: Bind, info: NodeInfo) -> list[Step]:
+    x_name, out = info.node.inputs[0], info.node.outputs[0]
+    x, dt, y = b.a(x_name), b.dtype(out), b.a(out)
+    rank = len(b.types[x_name].shape)
+    axes = tuple(a % rank for a in info.attrs.get("axes") or range(rank))
+    keep = bool(info.attrs["keepdims"])
+    # summed in float64 so that a long sequence does not drift from the reference's mean
+    return [numpy_step(lambda: store(y, compute(x, dt).mean(axis=axes, dtype=np.float64, keepdims=keep), dt))]
+
+
 # --- movement --------------------------------------------------------------------------------------------------
 def _raw(b: Bind, name: str) -> np.ndarray:
     """The value's array in element form (quantized: bytes [*shape[:-1], row_bytes])."""
@@ -378,8 +388,8 @@ NUMPY: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {
     **dict.fromkeys(UNARY, unary), **dict.fromkeys(BINARY, binary), "Cast": cast, "SwiGLU": glu, "GeGLU": glu,
     "MatMul": matmul, "MatMulRelu": matmul, "GroupedMatMul": grouped_matmul, "Gemm": gemm, "RMSNorm": rms_norm,
     "AddRMSNorm": add_rms_norm, "LayerNorm": layer_norm, "Softmax": softmax, "TopK": topk, "ArgMax": argmax,
-    "Identity": copy_view, "Reshape": copy_view, "Transpose": transpose, "Concat": concat, "Split": split,
-    "Slice": slice_, "Embedding": embedding, "Gather": gather,
+    "ReduceMean": reduce_mean, "Identity": copy_view, "Reshape": copy_view, "Transpose": transpose, "Concat": concat,
+    "Split": split, "Slice": slice_, "Embedding": embedding, "Gather": gather,
 }
 
 __all__ = ["NUMPY", "compute", "qbytes", "slice_index", "store"]

@@ -145,6 +145,17 @@ def reductions() -> list[Case]:
         x = b.input("x", "f32", (5, 9))
         shape = ((5, 1) if keep else (5,)) if axis == -1 else ((1, 9) if keep else (9,))
         out.append(b.case([x], [("y", "i64", shape)], 0.0, axis=axis, keepdims=keep))
+    means: list[tuple[str, str, tuple[int, ...], dict[str, object], tuple[int, ...], float]] = [
+        ("decode", "f32", (1, 64), dict(axes=(-1,)), (1, 1), F32),
+        ("pool_tokens", "f32", (9, 40), dict(axes=(0,)), (1, 40), F32),
+        ("middle_dropped", "f32", (3, 5, 4), dict(axes=(1,), keepdims=False), (3, 4), F32),
+        ("all_axes", "f32", (4, 6), dict(keepdims=False), (), F32),
+        ("f16", "f16", (6, 16), dict(axes=(-2,)), (1, 16), LOW),
+        ("bf16", "bf16", (5, 8), dict(axes=(1,)), (5, 1), LOW)]
+    for name, dtype, xshape, attrs, yshape, tol in means:
+        b = Builder("ReduceMean", name)
+        x = b.input("x", dtype, xshape)
+        out.append(b.case([x], [("y", dtype, yshape)], tol, params=attrs))
     return out
 
 

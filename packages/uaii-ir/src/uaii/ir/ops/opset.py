@@ -42,6 +42,7 @@ class Op(enum.StrEnum):
     # reductions
     TOPK = "TopK"
     ARGMAX = "ArgMax"
+    REDUCE_MEAN = "ReduceMean"
     # movement (shape and layout)
     IDENTITY = "Identity"
     RESHAPE = "Reshape"
@@ -69,7 +70,7 @@ ELEMENTWISE = UNARY | BINARY
 GLU = frozenset({Op.SWIGLU, Op.GEGLU})
 LINALG = frozenset({Op.MATMUL, Op.MATMUL_RELU, Op.GEMM})
 NORM = frozenset({Op.SOFTMAX, Op.LAYER_NORM, Op.RMS_NORM})
-REDUCE = frozenset({Op.TOPK, Op.ARGMAX})
+REDUCE = frozenset({Op.TOPK, Op.ARGMAX, Op.REDUCE_MEAN})
 MOVEMENT = frozenset({Op.IDENTITY, Op.RESHAPE, Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE})
 INDEX = frozenset({Op.EMBEDDING, Op.GATHER})
 ATTENTION = frozenset({Op.ROPE, Op.ATTENTION})

@@ -1,4 +1,4 @@
-"""Reductions: TopK and ArgMax."""
+"""Reductions: TopK, ArgMax and ReduceMean."""
 
 from __future__ import annotations
 
@@ -6,7 +6,18 @@ from collections.abc import Sequence
 
 from uaii.ir.dtype import DType
 from uaii.ir.ops.opset import Op
-from uaii.ir.ops.schema import NUMERIC, Cost, InferCtx, OpKind, OpSchema, Param, bool_attr, int_attr
+from uaii.ir.ops.schema import (
+    FLOATS,
+    NUMERIC,
+    Cost,
+    InferCtx,
+    OpKind,
+    OpSchema,
+    Param,
+    bool_attr,
+    int_attr,
+    ints_attr,
+)
 from uaii.ir.shapes import Shape
 
 I64 = frozenset({DType.I64})
@@ -45,4 +56,31 @@ ARGMAX = OpSchema(
            bool_attr("keepdims", True, "keep the reduced axis with size 1")),
     types={"T": NUMERIC}, infer=argmax_shape, kind=OpKind.REDUCE, cost=Cost.MEDIUM)
 
-SCHEMAS = (TOPK, ARGMAX)
+
+def reduced_axes(ctx: InferCtx, rank: int) -> tuple[int, ...]:
+    """The normalized ``axes`` of a reduction; absent or empty means every axis, as in ONNX."""
+    axes = ctx.attr("axes") or tuple(range(rank))
+    out = tuple(ctx.axis(int(a), rank, "axes entry") for a in axes)
+    if len(set(out)) != len(out):
+        ctx.fail(f"axes {list(axes)} name an axis twice", "attr-range")
+    return out
+
+
+def reduce_shape(ctx: InferCtx) -> Sequence[Shape | None]:
+    x = ctx.shape(0)
+    axes = reduced_axes(ctx, len(x))
+    if ctx.attr("keepdims"):
+        return [tuple(1 if i in axes else d for i, d in enumerate(x))]
+    return [tuple(d for i, d in enumerate(x) if i not in axes)]
+
+
+REDUCE_MEAN = OpSchema(
+    Op.REDUCE_MEAN, 1,
+    "Mean of X over `axes` (ONNX ReduceMean with `axes` as an attribute): without `axes`, or with an empty "
+    "list, over every axis. Floats only: an integer mean would need a rounding rule no model asks for.",
+    inputs=(Param("X", "T", "input"),), outputs=(Param("Y", "T", "X with the reduced axes of size 1 or removed"),),
+    attrs=(ints_attr("axes", None, "the reduced axes, negative from the end, each at most once; default all"),
+           bool_attr("keepdims", True, "keep the reduced axes with size 1 (an int 0/1 is accepted)")),
+    types={"T": FLOATS}, infer=reduce_shape, kind=OpKind.REDUCE, cost=Cost.MEDIUM)
+
+SCHEMAS = (TOPK, ARGMAX, REDUCE_MEAN)

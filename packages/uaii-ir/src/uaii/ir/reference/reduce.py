@@ -1,10 +1,13 @@
-"""Reduction references: TopK and ArgMax. Values keep their dtype; indices are int64."""
+"""Reduction references: TopK, ArgMax and ReduceMean. Values keep their dtype; indices are int64; means are taken
+in float64 and rounded once to X's dtype."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from uaii.ir.reference._common import Array, RefFn, fail, order_key, sorted_indices
+from uaii.ir.reference._common import Array, RefFn, f64, fail, float_out, order_key, sorted_indices
 
 
 def topk(x: Array, *, k: int, axis: int = -1, largest: bool = True) -> tuple[Array, Array]:
@@ -22,4 +25,15 @@ def argmax(x: Array, *, axis: int = -1, keepdims: bool = True) -> Array:
     return np.argmax(order_key(x), axis=axis, keepdims=keepdims).astype(np.int64)
 
 
-REFS: dict[str, RefFn] = {"TopK": topk, "ArgMax": argmax}
+def reduce_mean(x: Array, *, axes: tuple[int, ...] | None = None, keepdims: bool = True) -> Array:
+    """Y = sum(X over ``axes``) / (their element count); no ``axes`` (or none listed) means every axis."""
+    rank = x.ndim
+    dims = tuple(range(rank)) if not axes else tuple(a + rank if a < 0 else a for a in axes)
+    if any(not 0 <= a < rank for a in dims) or len(set(dims)) != len(dims):
+        fail("ReduceMean", f"axes {list(axes or ())} do not name distinct axes of a rank-{rank} input")
+    count = math.prod(x.shape[a] for a in dims)
+    with np.errstate(invalid="ignore"):  # an empty axis gives 0 / 0 = NaN, as in ONNX
+        return float_out(np.sum(f64(x), axis=dims, keepdims=keepdims) / count, x)
+
+
+REFS: dict[str, RefFn] = {"TopK": topk, "ArgMax": argmax, "ReduceMean": reduce_mean}

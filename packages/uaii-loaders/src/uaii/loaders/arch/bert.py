@@ -1,9 +1,16 @@
 """BERT encoder: word + position + token-type embeddings, post-norm layers, bidirectional attention.
 
 Inputs ``tokens``, ``positions`` and ``token_types`` (i64 ``[seq]``); outputs ``hidden_states`` (the token
-embeddings, ``[seq, d_model]``) and ``pooled`` (``[1, d_model]``): ``tanh(dense(h[0]))`` with HF's pooler, the
-first token's state (cls pooling) when the checkpoint has no pooler (GGUF). No KV cache: an encoder sees the
-whole sequence at once.
+embeddings, ``[seq, d_model]``) and ``pooled`` (``[1, d_model]``), chosen by ``config.pooling``:
+
+- ``pooler`` (HF directories): ``tanh(dense(h[0]))``, HF's ``pooler_output``; ``h[0]`` when the checkpoint has
+  no pooler weights;
+- ``cls`` (GGUF ``pooling_type`` 2, sentence-transformers ``pooling_mode_cls_token``): ``h[0]``;
+- ``mean`` (GGUF ``pooling_type`` 1, sentence-transformers ``pooling_mode_mean_tokens``): the mean of ``h`` over
+  the tokens. The graph holds one unpadded sequence, so this equals the attention-masked mean of
+  sentence-transformers.
+
+No KV cache: an encoder sees the whole sequence at once.
 """
 
 from __future__ import annotations
@@ -51,18 +58,22 @@ class Bert:
 
         hidden = b.op(Op.IDENTITY, [x], "hidden_states", b.shape_of(x))
         b.output(hidden)
-        b.output(self.pool(hidden))
+        if cfg.pooling != "none":  # GGUF pooling_type 0: the per-token hidden states are the embeddings
+            b.output(self.pool(hidden))
         return b.graph(name, {**cfg.to_metadata(), "model.name": name, "model.architecture": self.arch})
 
     def pool(self, hidden: str) -> str:
-        b, d = self.b, self.cfg.d_model
-        if not b.has("pooler.weight") and self.cfg.pooling != "cls":
-            raise LoaderError(f"{self.ws.where}: {self.cfg.pooling!r} pooling needs a mean over the "
-                              "sequence, which "
-                              "the op set cannot express yet; only cls pooling is supported")
-        first = b.op(Op.SLICE, [hidden], "cls" if b.has("pooler.weight") else "pooled", (1, d), starts=(0,),
-                     ends=(1,), axes=(0,))
-        if not b.has("pooler.weight"):
+        b, d, pooling = self.b, self.cfg.d_model, self.cfg.pooling
+        if pooling == "mean":
+            return b.op(Op.REDUCE_MEAN, [hidden], "pooled", (1, d), axes=(0,), keepdims=True)
+        if pooling == "last":
+            return b.op(Op.SLICE, [hidden], "pooled", (1, d), starts=(-1,), ends=(2**31 - 1,), axes=(0,))
+        if pooling not in ("pooler", "cls"):
+            raise LoaderError(f"{self.ws.where}: {pooling!r} pooling is not supported (a reranker's rank pooling "
+                              "needs its classifier head); none, cls, last, mean and HF's pooler are")
+        head = pooling == "pooler" and b.has("pooler.weight")
+        first = b.op(Op.SLICE, [hidden], "cls" if head else "pooled", (1, d), starts=(0,), ends=(1,), axes=(0,))
+        if not head:
             return first
         y = b.linear(first, "pooler.weight", "pooler", "pooler.bias")
         return b.op(Op.TANH, [y], "pooled", (1, d))
