@@ -1,6 +1,7 @@
 /* attention.c — causal GQA attention over a KV cache (decode: t = 1; prefill: t > 1), with a sliding window,
  * StreamingLLM-style sink tokens, per-head sink logits and logit soft-capping. One (query, head) pair is a unit of
- * work; scores live in a per-thread scratch buffer that grows once. */
+ * work: the visible rows are listed first, then scored, softmaxed and summed by one kernel call each (the kernel
+ * table's dotn / wsum); scores live in a per-thread scratch buffer that grows once. */
 #include <stdatomic.h>
 
 #include "uk_internal.h"
@@ -20,41 +21,41 @@ typedef struct {
 } attn_ctx;
 
 static void attend_one(attn_ctx *c, int ith, int64_t t, int64_t h) {
-    const int64_t g = h / (c->hq / c->hkv), esz = c->kv_f16 ? 2 : 4;
+    const int64_t g = h / (c->hq / c->hkv);
     const float *q = c->q + (t * c->hq + h) * c->d;
     float *o = c->out + (t * c->hq + h) * c->dv;
     float *sc = uk_scratch(ith, (size_t)c->s * 8 + 64);
     if (!sc) { atomic_store(&c->failed, 1); return; }
     int32_t *idx = (int32_t *)(sc + c->s);
     const int64_t qp = c->q_pos ? c->q_pos[t] : c->s - c->t + t;
-    int64_t nv = 0;
-    float mx = -INFINITY;
+    int64_t nv = 0;                                     /* the visible cache rows, in slot order */
     for (int64_t s = 0; s < c->s; s++) {
         const int64_t kp = c->k_pos ? c->k_pos[s] : s;
         if (kp < 0 || kp > qp) continue;
         if (c->window > 0 && qp - kp >= c->window && kp >= c->n_sink) continue;
-        const uint8_t *kr = c->k + (s * c->kss + g * c->ksh) * esz;
-        float l = (c->kv_f16 ? uk_kt.dot_f16(c->d, q, (const uint16_t *)kr) : uk_kt.dot_f32(c->d, q, (const float *)kr));
-        l *= c->scale;
-        if (c->softcap > 0.0f) l = c->softcap * tanhf(l / c->softcap);
-        sc[nv] = l;
         idx[nv++] = (int32_t)s;
+    }
+    for (int64_t i = 0; i < c->dv; i++) o[i] = 0.0f;
+    if (nv == 0) return;
+    if (c->kv_f16) uk_kt.dotn_f16(c->d, q, (const uint16_t *)c->k + g * c->ksh, c->kss, idx, nv, sc);
+    else uk_kt.dotn_f32(c->d, q, (const float *)c->k + g * c->ksh, c->kss, idx, nv, sc);
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < nv; i++) {
+        float l = sc[i] * c->scale;
+        if (c->softcap > 0.0f) l = c->softcap * tanhf(l / c->softcap);
+        sc[i] = l;
         mx = l > mx ? l : mx;
     }
     const float sink = c->sinks ? c->sinks[h] : -INFINITY;
     if (sink > mx) mx = sink;
-    for (int64_t i = 0; i < c->dv; i++) o[i] = 0.0f;
-    if (nv == 0) return;
     uk_kt.exp_shift(sc, nv, mx);
     float sum = 0.0f;
     for (int64_t i = 0; i < nv; i++) sum += sc[i];
     if (c->sinks) sum += expf(sink - mx);
     const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < nv; i++) {
-        const uint8_t *vr = c->v + ((int64_t)idx[i] * c->vss + g * c->vsh) * esz;
-        if (c->kv_f16) uk_kt.axpy_f16(c->dv, sc[i] * inv, (const uint16_t *)vr, o);
-        else uk_kt.axpy_f32(c->dv, sc[i] * inv, (const float *)vr, o);
-    }
+    for (int64_t i = 0; i < nv; i++) sc[i] *= inv;
+    if (c->kv_f16) uk_kt.wsum_f16(c->dv, sc, (const uint16_t *)c->v + g * c->vsh, c->vss, idx, nv, o);
+    else uk_kt.wsum_f32(c->dv, sc, (const float *)c->v + g * c->vsh, c->vss, idx, nv, o);
 }
 
 static void attn_task(void *arg, int ith, int nth) {

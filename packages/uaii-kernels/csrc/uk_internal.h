@@ -177,6 +177,15 @@ typedef struct {
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);    /* y += a x */
     void (*axpy_f16)(int64_t n, float a, const uint16_t *x, float *y);
     void (*exp_shift)(float *x, int64_t n, float shift);               /* x = exp(x - shift) */
+    /* attention rows: out[i] = q . row idx[i]; o += p[i] * row idx[i] (rows `stride` elements apart) */
+    void (*dotn_f32)(int64_t d, const float *q, const float *base, int64_t stride, const int32_t *idx, int64_t n,
+                     float *out);
+    void (*dotn_f16)(int64_t d, const float *q, const uint16_t *base, int64_t stride, const int32_t *idx,
+                     int64_t n, float *out);
+    void (*wsum_f32)(int64_t dv, const float *p, const float *base, int64_t stride, const int32_t *idx, int64_t n,
+                     float *o);
+    void (*wsum_f16)(int64_t dv, const float *p, const uint16_t *base, int64_t stride, const int32_t *idx,
+                     int64_t n, float *o);
     void (*act)(int kind, const float *x, float *y, int64_t n);
     void (*glu_row)(int kind, const float *g, const float *u, float *y, int64_t n);
     void (*rms_row)(const float *x, const float *w, float *y, int64_t n, float eps, int one);

@@ -9,6 +9,7 @@
 #define UK_LOAD_F16(p) _cvtsh_ss(*(p))
 #define UK_VNNI 2
 #include "ops_impl.inc"
+#include "x86_ops.inc"
 #include "x86_quant.inc"
 #include "x86_gemv.inc"
 #include "x86_gemm.inc"
@@ -16,6 +17,7 @@
 
 void uk_fill_avx512(uk_kernel_table *t) {
     fill_ops_avx512(t);
+    fill_x86_ops_avx512(t);
     fill_x86_avx512(t);
     if (uk_cpu_has_vbmi()) fill_gemv512(t);
 }

@@ -9,12 +9,14 @@
 #define UK_LOAD_F16(p) _cvtsh_ss(*(p))
 #define UK_VNNI 1
 #include "ops_impl.inc"
+#include "x86_ops.inc"
 #include "x86_quant.inc"
 #include "x86_gemv.inc"
 #include "x86_gemm.inc"
 
 void uk_fill_avxvnni(uk_kernel_table *t) {
     fill_ops_avxvnni(t);
+    fill_x86_ops_avxvnni(t);
     fill_x86_avxvnni(t);
 }
 #else
