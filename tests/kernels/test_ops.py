@@ -123,8 +123,8 @@ def test_attention_simd_is_bit_identical_to_scalar(dtype: type, d: int, isa: str
     """The x86 attention row kernels (x86_ops.inc) keep ops_impl.inc's operation order: same bits as scalar, on
     head sizes with and without a tail past the last 8 values, f32 and f16 caches, strided (GQA) rows."""
     hq, hkv, s = 6, 2, 33
-    big = rng.standard_normal((s, 4, d)).astype(dtype)
-    k, v = big[:, 0:2, :], big[:, 2:4, :]
+    big = rng.standard_normal((s, 2 * hkv, d)).astype(dtype)
+    k, v = big[:, :hkv, :], big[:, hkv:, :]
     q = rng.standard_normal((3, hq, d)).astype(np.float32)
     with K.use_isa("scalar"):
         want = K.attention(q, k, v, window=12, n_sink=2)
