@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -18,7 +21,7 @@ EnvFn = Callable[..., dict[str, str]]
 NATIVE = Path(__file__).resolve().parents[2] / "native"
 
 C_TESTS = ["test_v030_surface", "test_abi", "test_errors", "test_toy_graphs", "test_threads"]
-MODEL_TESTS = ["test_generate"]
+MODEL_TESTS = ["test_generate", "test_ir_generate"]
 PROMPT = "The capital of France is"
 
 
@@ -64,6 +67,58 @@ def test_generation_matches_python_session(c_build: Path, tmp_path: Path, run_c:
                                            greedy_reference: dict[str, str]) -> None:
     proc = run_c([c_build / "tests" / "test_generate", tmp_path], env=c_env(**greedy_reference))
     assert "test_generate:" in proc.stdout and "checks passed" in proc.stdout
+
+
+def _synth_gguf() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("synth_gguf", NATIVE.parent / "bench" / "synth_gguf.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("synth_gguf", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def relocated_ir_lm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny llama (synthetic GGUF, converted to .uaii) laid out as test_ir_generate.c expects, and the prompt +
+    greedy tokens uaii.runtime.Session gives on the original (weights beside the graph)."""
+    pytest.importorskip("gguf")
+    from uaii.capi.convert import convert_model
+    from uaii.ir import WeightRef, load, save
+    from uaii.runtime import Session
+
+    synth = _synth_gguf()
+    root = tmp_path_factory.mktemp("ir-lm")
+    orig, model, weights = root / "orig", root / "model", root / "weights"
+    for d in (orig, model, weights):
+        d.mkdir()
+    shape = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab=768, qtype="q8_0", context=256)
+    synth.write_llama_gguf(orig / "llama.gguf", seed=3, **shape)
+    synth.write_llama_gguf(weights / "llama.gguf", seed=3, **shape)
+    synth.write_llama_gguf(model / "llama.gguf", seed=4, **shape)  # the decoy beside the graph
+    convert_model(str(orig / "llama.gguf"), str(orig / "llama.uaii"))
+    shutil.copy(orig / "llama.uaii", model / "llama.uaii")
+    graph = load(orig / "llama.uaii")
+    norms = [t for t in graph.tensors if t.weight is not None and t.name.endswith("norm.weight")]
+    assert len(norms) == 5 and all(t.dtype.value == "f32" for t in norms)
+    tensors = tuple(dataclasses.replace(t, weight=WeightRef(f"norms/{t.name}.bin")) if t in norms else t
+                    for t in graph.tensors)
+    save(dataclasses.replace(graph, tensors=tensors), model / "nonorms.uaii")
+    prompt = [1, 17, 300, 42, 5]
+    with Session(orig / "llama.uaii") as s:
+        new = s.generate(prompt, max_new_tokens=12).tokens
+    assert len(new) == 12, "the reference generation must not stop early"
+    return {"UAII_TEST_IR_DIR": str(root), "UAII_TEST_PROMPT_TOKENS": " ".join(map(str, prompt)),
+            "UAII_TEST_EXPECT": " ".join(map(str, prompt + new))}
+
+
+def test_ir_model_with_relocated_or_filled_weights_generates(c_build: Path, tmp_path: Path, run_c: RunC,
+                                                              c_env: EnvFn,
+                                                              relocated_ir_lm: dict[str, str]) -> None:
+    """Regression: generation on a .uaii LM whose weights the options relocate (weights_dir, weights_sandbox) or
+    fill was UAII_ERR_NOT_IMPLEMENTED; it must give the Session's tokens on the original model."""
+    proc = run_c([c_build / "tests" / "test_ir_generate", tmp_path], env=c_env(**relocated_ir_lm))
+    assert re.search(r"^test_ir_generate: \d+ checks passed$", proc.stdout, re.M), proc.stdout
 
 
 def test_example_streams_an_answer(c_build: Path, run_c: RunC, smollm2_path: Path) -> None:

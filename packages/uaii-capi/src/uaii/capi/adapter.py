@@ -1,7 +1,8 @@
 """The Python object behind a ``uaii_session*``: a ``uaii.runtime.Session`` plus what the C API adds to it.
 
 Additions: option translation (C struct -> Session options, with the C-only options checked or recorded as
-warnings), IR files whose weights are relocated or filled (uaii.capi.irmodel), named f32 inputs/outputs for
+warnings), IR files whose weights are relocated or filled (resolved by uaii.capi.irmodel, run by the same Session
+as any other model), named f32 inputs/outputs for
 ``uaii_session_run``, the profiler, generation statistics and the per-token callback (uaii.capi.generation), and a
 per-session lock that serializes calls from several threads and refuses re-entry from a callback.
 """
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from uaii.capi import generation
-from uaii.capi.irmodel import IrRunner, ResolvedWeights, is_generative, is_ir_path, resolve_weights
+from uaii.capi.irmodel import ResolvedWeights, is_generative, is_ir_path, resolve_weights
 from uaii.capi.options import ComputeDType, GenerateConfig, GenerationStats, SessionConfig
 from uaii.capi.profiler import Profiler
 from uaii.capi.status import CapiError, Status, invalid
@@ -69,9 +70,7 @@ def _captured_warnings(into: list[str]) -> Iterator[None]:
 def session_options(config: SessionConfig) -> dict[str, Any]:
     """Session keyword options from the C options; only values that differ from the defaults, so that a
     preset still fills what the caller left alone."""
-    from uaii.runtime import SessionOptions
-    from uaii.runtime.errors import SessionError
-    from uaii.runtime.presets import PresetError
+    from uaii.runtime import PresetError, SessionError, SessionOptions
 
     kw: dict[str, Any] = {"device": config.device, "enable_fusion": bool(config.enable_fusion),
                           "enable_memory_reuse": bool(config.enable_memory_reuse)}
@@ -123,7 +122,6 @@ class CapiSession:
         self._feeds: dict[str, np.ndarray] = {}
         self._outputs: dict[str, np.ndarray] = {}
         self._session: Any = None
-        self._runner: IrRunner | None = None
         self._resolved: ResolvedWeights | None = None
         self._weight_store: Any = None
         ir = is_ir_path(path)
@@ -138,17 +136,20 @@ class CapiSession:
 
     def _open_ir(self, path: Path) -> Graph:
         from uaii.ir import load
+        from uaii.runtime import Session, ir_bundle
 
         graph = load(path)
-        self._resolved = resolve_weights(graph, path, self.config)
-        self.warnings += self._resolved.warnings
-        if self._resolved.session_compatible:
-            from uaii.runtime import Session
-
-            self._session = Session(str(path), **session_options(self.config))
-        else:
-            session_options(self.config)  # the same option checks
-            self._runner = IrRunner(graph, self._resolved, self.config)
+        options = session_options(self.config)
+        self._resolved = resolved = resolve_weights(graph, path, self.config)
+        self.warnings += resolved.warnings
+        try:
+            if resolved.session_compatible:
+                self._session = Session(str(path), **options)
+            else:  # the Session reads the weights where the options put them, not beside the file
+                self._session = Session(ir_bundle(path, graph, resolved.locations), **options)
+        except BaseException:
+            resolved.close()
+            raise
         return graph
 
     def _open_model(self, path: str) -> Graph:
@@ -194,20 +195,18 @@ class CapiSession:
         return _as_f32(name, value)
 
     def _weight(self, t: Tensor) -> np.ndarray:
-        if self._runner is not None:
-            w = self._runner.weight(t.name)
-            assert w is not None
-            return w
+        from uaii.backends import weight_key
+
         if t.is_constant:
             return t.numpy()
-        if self._resolved is None or t.weight is None:
+        if self._resolved is None:
             raise CapiError(Status.ERR_NOT_FOUND, f"weight {t.name!r} of a {self._kind()} model is not readable "
                                                   "through the C API (only IR graphs' weights are)")
         if self._weight_store is None:
             from uaii.storage import MmapStore
 
             self._weight_store = MmapStore(self._resolved.locations)
-        raw = np.asarray(self._weight_store.acquire(str(t.weight)))
+        raw = np.asarray(self._weight_store.acquire(weight_key(t)))
         if t.dtype.is_quantized:
             raise CapiError(Status.ERR_NOT_IMPLEMENTED, f"weight {t.name!r} is block-quantized "
                                                         f"({t.dtype.value}); it has no f32 view")
@@ -219,8 +218,7 @@ class CapiSession:
     @_exclusive
     def run(self) -> None:
         with self.profiler.span("run", inputs=len(self._feeds)):
-            runner = self._runner if self._runner is not None else self._session
-            outputs = runner.run(self._feeds)
+            outputs = self._session.run(self._feeds)
         self._outputs = outputs
 
     # ---- tokens and generation -----------------------------------------------------------------------------
@@ -296,10 +294,10 @@ class CapiSession:
     @_exclusive
     def close(self) -> None:
         """Release everything; then write the trace when profile_trace_path asks for one."""
-        for obj in (self._session, self._runner, self._weight_store):
+        for obj in (self._session, self._weight_store, self._resolved):
             if obj is not None:
                 obj.close()
-        self._session = self._runner = self._weight_store = None
+        self._session = self._weight_store = self._resolved = None
         if self.profiler.enabled and self.config.profile_trace_path:
             self._write_trace(self.profiler, self.config.profile_trace_path)
 

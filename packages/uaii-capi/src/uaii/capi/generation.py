@@ -20,7 +20,7 @@ _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "eos": Fini
 
 def sampling_params(config: GenerateConfig) -> Any:
     """The runtime's SamplingParams, or None for plain greedy decoding."""
-    from uaii.runtime.sampling import SamplingParams
+    from uaii.runtime import SamplingParams
 
     greedy = config.temperature == 0.0 and config.repetition_penalty == 1.0
     if greedy:

@@ -1,15 +1,19 @@
-"""IR graphs opened through the C API: weight references resolved with ``weights_dir`` / ``weights_sandbox``, missing
-weights failing closed or filled per ``weight_init``, and a runner for the graphs the Session cannot open as is.
+"""IR graphs opened through the C API: weight references resolved with ``weights_dir`` / ``weights_sandbox``, and
+missing weights failing closed or filled per ``weight_init``.
 
-``uaii.runtime.Session`` resolves an IR file's weight references against the file's own directory (which is also
-its sandbox) and has no way to receive weights from elsewhere. When the C options ask for nothing else and every
-weight resolves, the adapter opens the file with the Session; otherwise :class:`IrRunner` compiles the graph on the
-selected backend (public uaii.backends API) with a weight source that serves the resolved files plus the filled
-arrays.
+``uaii.runtime.Session(path)`` resolves an IR file's weight references against the file's own directory (which is
+also its sandbox). When the C options ask for nothing else and every weight resolves, the adapter opens the file
+that way; otherwise it resolves the references here and hands the Session a bundle
+(``uaii.runtime.model.ir_bundle``) whose location index says where each weight really is, the filled ones
+included (:class:`FilledFile`). Either way one Session runs the graph, so generation, ``run`` and streaming under a
+budget behave the same whether the weights moved or not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +23,7 @@ import numpy as np
 
 from uaii.capi.options import SessionConfig, WeightInit
 from uaii.capi.status import CapiError, Status
-from uaii.ir import Graph, Tensor, WeightRef, is_symbolic
+from uaii.ir import DType, Graph, Tensor, WeightRef, is_symbolic
 
 IR_SUFFIXES = (".uaii", ".uaii.json", ".json")
 
@@ -51,10 +55,15 @@ def fill(t: Tensor, how: int) -> np.ndarray:
 class ResolvedWeights:
     """Where each weight of an IR graph comes from."""
 
-    locations: dict[str, Any] = field(default_factory=dict)  # str(ref) -> storage location
-    filled: dict[str, np.ndarray] = field(default_factory=dict)  # weight key -> filled array
+    locations: dict[str, Any] = field(default_factory=dict)  # weight key -> storage location (filled ones too)
     session_compatible: bool = True  # Session(path) would resolve every reference the same way
     warnings: list[str] = field(default_factory=list)
+    filled_file: FilledFile | None = None  # where the filled values are read from; open as long as the session
+
+    def close(self) -> None:
+        if self.filled_file is not None:
+            self.filled_file.close()
+            self.filled_file = None
 
 
 def _container(path: Path) -> Mapping[str, Any]:
@@ -90,11 +99,14 @@ def _locate(t: Tensor, ref: WeightRef, base: Path, sandbox: str | None,
 
 def resolve_weights(graph: Graph, ir_path: Path, config: SessionConfig) -> ResolvedWeights:
     """Resolve every weight; a missing one fails with NOT_FOUND (fail closed) unless allow_missing_weights."""
+    from uaii.backends import weight_key  # the key the backend acquires each weight by
+
     ir_dir = ir_path.resolve().parent
     base = Path(config.weights_dir).resolve() if config.weights_dir else ir_dir
     sandbox = config.weights_sandbox
     out = ResolvedWeights(session_compatible=(base == ir_dir and sandbox in (None, "")))
     containers: dict[Path, Mapping[str, Any]] = {}
+    filled: dict[str, tuple[DType, np.ndarray]] = {}
     for t in graph.weights:
         if t.is_constant:
             continue
@@ -117,88 +129,64 @@ def resolve_weights(graph: Graph, ir_path: Path, config: SessionConfig) -> Resol
         if config.weight_init == WeightInit.NONE:
             raise CapiError(Status.ERR_NOT_FOUND, f"weight {t.name!r} cannot be loaded ({where}) and weight_init "
                                                   "is NONE: choose ZEROS, ONES or SEQUENCE to fill it")
-        key = str(t.weight) if t.weight is not None else t.name
-        out.filled[key] = fill(t, config.weight_init)
+        filled[weight_key(t)] = (t.dtype, fill(t, config.weight_init))
         out.warnings.append(f"weight {t.name!r} is missing ({where}); filled with "
                             f"{WeightInit(config.weight_init).name.lower()}")
+    if filled:
+        out.filled_file = FilledFile(filled)
+        out.locations.update(out.filled_file.locations)
     return out
 
 
-class FilledSource:
-    """Weight source: filled arrays first, then the store over the resolved files."""
+class FilledFile:
+    """The filled weights written into one anonymous file, each at its own location.
 
-    def __init__(self, store: Any, filled: Mapping[str, np.ndarray]) -> None:
-        self.store = store
-        self.filled = dict(filled)
+    ``uaii.runtime.Session`` and the stores it builds (memory-mapped or streaming, under a budget) read weights
+    only through file locations; giving filled values a file lets them take exactly the path real weights take,
+    with nothing in the runtime special-cased. A memfd lives in memory and disappears with the process, so an
+    embedding program that never destroys its session leaves nothing behind; where there is no memfd an ordinary
+    temporary file is used and removed by :meth:`close`.
+    """
 
-    def acquire(self, ref: str) -> np.ndarray:
-        arr = self.filled.get(str(ref))
-        return arr if arr is not None else np.asarray(self.store.acquire(ref))
+    ALIGN = 64
 
-    def release(self, ref: str) -> None:
-        if str(ref) not in self.filled:
-            self.store.release(ref)
+    def __init__(self, arrays: Mapping[str, tuple[DType, np.ndarray]]) -> None:
+        from uaii.storage import WeightLocation
+
+        self._unlink: str | None = None
+        if hasattr(os, "memfd_create"):
+            self._fd = os.memfd_create("uaii-filled-weights", getattr(os, "MFD_CLOEXEC", 0))
+            self.path = f"/proc/self/fd/{self._fd}"
+        else:  # pragma: no cover - non-Linux
+            self._fd, self.path = tempfile.mkstemp(prefix="uaii-filled-", suffix=".bin")
+            self._unlink = self.path
+        self.locations: dict[str, Any] = {}
+        try:
+            offset = 0
+            for key, (dtype, arr) in arrays.items():
+                data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+                done = 0
+                while done < len(data):  # one write call may take less than asked (about 2 GiB at most)
+                    done += os.pwrite(self._fd, data[done:], offset + done)
+                self.locations[key] = WeightLocation(self.path, offset, len(data), dtype,
+                                                     tuple(int(d) for d in arr.shape))
+                offset += -(-max(len(data), 1) // self.ALIGN) * self.ALIGN
+            os.ftruncate(self._fd, max(offset, 1))
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        self.store.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._unlink is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._unlink)
+            self._unlink = None
 
 
 def is_generative(graph: Graph) -> bool:
     """A decoder LM as the runtime sees one: tokens/positions inputs, logits first output, a KV cache."""
     return ("tokens" in graph.inputs and "positions" in graph.inputs and bool(graph.outputs)
             and graph.outputs[0] == "logits" and any(n.startswith("past_k.") for n in graph.inputs))
-
-
-class IrRunner:
-    """A non-generative IR graph compiled on the selected backend with the resolved and filled weights."""
-
-    def __init__(self, graph: Graph, weights: ResolvedWeights, config: SessionConfig) -> None:
-        from uaii.backends import select_device
-        from uaii.storage import MmapStore
-
-        if is_generative(graph):
-            raise CapiError(Status.ERR_NOT_IMPLEMENTED,
-                            "a generative IR graph whose weights are relocated (weights_dir, weights_sandbox) or "
-                            "filled (allow_missing_weights) cannot be opened: uaii.runtime.Session takes no "
-                            "weights other than the file's own references")
-        self.graph = graph
-        self.backend = select_device(config.device)
-        if config.n_threads and hasattr(self.backend, "set_threads"):
-            self.backend.set_threads(config.n_threads)
-        self.source = FilledSource(MmapStore(weights.locations), weights.filled)
-        self.exe = self.backend.compile(graph, self._plan(config), self.source,
-                                        memory_reuse=bool(config.enable_memory_reuse))
-
-    def _plan(self, config: SessionConfig) -> Any:
-        try:
-            from uaii.planner import PlannerOptions, plan
-        except ImportError:  # the planner is optional: the backend then follows the graph's order
-            return None
-        options = PlannerOptions(enable_fusion=bool(config.enable_fusion),
-                                 enable_memory_reuse=bool(config.enable_memory_reuse),
-                                 budget_bytes=config.budget_bytes, device=self.backend.name)
-        return plan(self.graph, options, cache=False)[0]
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(self.exe.input_names)
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            raise CapiError(Status.ERR_INVALID_ARGUMENT, f"input(s) {', '.join(missing)} not set; the graph takes "
-                                                         f"{', '.join(self.input_names)}")
-        return {k: np.array(v) for k, v in self.exe.run(dict(feeds)).items()}
-
-    def weight(self, name: str) -> np.ndarray | None:
-        t = self.graph.tensor_map.get(name)
-        if t is None or not t.is_weight:
-            return None
-        if t.is_constant:
-            return t.numpy()
-        return np.asarray(self.source.acquire(str(t.weight) if t.weight is not None else t.name))
-
-    def close(self) -> None:
-        self.exe.close()
-        self.source.close()
-

@@ -75,7 +75,7 @@ def _class_table() -> list[tuple[type[BaseException], Status]]:
     except ImportError:  # pragma: no cover - uaii-backends is a dependency of uaii-runtime
         pass
     try:
-        from uaii.runtime.presets import PresetError
+        from uaii.runtime import PresetError
         table.insert(0, (PresetError, Status.ERR_CONFIG))
     except ImportError:  # pragma: no cover
         pass

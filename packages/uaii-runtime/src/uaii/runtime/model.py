@@ -61,7 +61,11 @@ def is_ir_file(path: Path) -> bool:
     return b'"ir_version"' in head or b'"nodes"' in head
 
 
-def load_bundle(path: str | Path) -> ModelBundle:
+def load_bundle(path: str | Path | ModelBundle) -> ModelBundle:
+    """A bundle passes through as it is: a caller that resolved an IR file's weights elsewhere (the C API's
+    ``weights_dir`` / filled weights, see :func:`ir_bundle`) hands the Session what it would otherwise load."""
+    if isinstance(path, ModelBundle):
+        return path
     p = Path(path)
     if not p.exists():
         raise SessionError(f"[runtime] {p}: no such file or directory")
@@ -140,7 +144,12 @@ def _load_ir(p: Path) -> ModelBundle:
     from uaii.ir.serialize import load
 
     graph = load(p)
-    locations = ir_locations(graph, p.parent)
+    return ir_bundle(p, graph, ir_locations(graph, p.parent))
+
+
+def ir_bundle(p: Path, graph: Graph, locations: Mapping[str, Any]) -> ModelBundle:
+    """The bundle of the IR file ``p`` with weight ``locations`` that may lie anywhere; only the weights move, so
+    the tokenizer and metadata are still looked for beside ``p``."""
     tok = None
     for cand in (p.parent / "tokenizer.json", p.parent / "tokenizer.model"):
         if cand.is_file():
@@ -190,4 +199,4 @@ def _container(file: Path) -> Mapping[str, Any]:
     raise SessionError(f"[runtime] {file}: weight container format not recognized (expected GGUF or safetensors)")
 
 
-__all__ = ["ModelBundle", "ir_locations", "is_ir_file", "load_bundle"]
+__all__ = ["ModelBundle", "ir_bundle", "ir_locations", "is_ir_file", "load_bundle"]
