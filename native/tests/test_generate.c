@@ -7,7 +7,7 @@
  * unset), UAII_TEST_PROMPT, UAII_TEST_EXPECT (prompt + greedy tokens from uaii.runtime.Session, space separated),
  * UAII_TEST_CHAT_TOKENS (tokens of the chat-templated question).
  */
-#define _POSIX_C_SOURCE 200809L /* pthread, strtok_r */
+#define _POSIX_C_SOURCE 200809L /* pthread */
 #include <pthread.h>
 
 #include "uaii_test.h"
@@ -21,15 +21,6 @@ static int64_t expect[MAX_TOKENS];
 static size_t expect_n;
 static int64_t prompt[MAX_TOKENS];
 static size_t prompt_n;
-
-static size_t parse_tokens(const char* text, int64_t* out, size_t cap) {
-    char buf[8192], *save = NULL;
-    size_t n = 0;
-    snprintf(buf, sizeof buf, "%s", text ? text : "");
-    for (char* t = strtok_r(buf, " ,", &save); t != NULL && n < cap; t = strtok_r(NULL, " ,", &save))
-        out[n++] = strtoll(t, NULL, 10);
-    return n;
-}
 
 typedef struct collected {
     int64_t tokens[MAX_TOKENS];

@@ -10,7 +10,6 @@
  *   weights/llama.gguf  the real weights
  * UAII_TEST_PROMPT_TOKENS and UAII_TEST_EXPECT (prompt + greedy tokens of the Session on the original model).
  */
-#define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include "uaii_test.h"
 
 #define MAX_TOKENS 256
@@ -20,15 +19,6 @@ static int64_t expect[MAX_TOKENS];
 static size_t expect_n;
 static int64_t prompt[MAX_TOKENS];
 static size_t prompt_n;
-
-static size_t parse_tokens(const char* text, int64_t* out, size_t cap) {
-    char buf[4096], *save = NULL;
-    size_t n = 0;
-    snprintf(buf, sizeof buf, "%s", text ? text : "");
-    for (char* t = strtok_r(buf, " ,", &save); t != NULL && n < cap; t = strtok_r(NULL, " ,", &save))
-        out[n++] = strtoll(t, NULL, 10);
-    return n;
-}
 
 static int generates_expected(uaii_session* s) {
     int64_t out[MAX_TOKENS];

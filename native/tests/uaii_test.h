@@ -54,6 +54,21 @@ UAII_TEST_UNUSED static void check_status(uaii_status got, uaii_status want, con
 #define CHECK_STATUS(expr, want, needle) check_status((expr), (want), (needle), #expr, __FILE__, __LINE__)
 #define CHECK_OK(expr) CHECK_STATUS(expr, UAII_OK, NULL)
 
+/* the integers of a space- or comma-separated list (token ids passed in the environment), at most cap of them */
+UAII_TEST_UNUSED static size_t parse_tokens(const char* text, int64_t* out, size_t cap) {
+    size_t n = 0;
+    const char* p = text ? text : "";
+    while (n < cap) {
+        while (*p == ' ' || *p == ',') p++;
+        char* end = NULL;
+        const long long v = strtoll(p, &end, 10);
+        if (end == p) break; /* the end, or not a number */
+        out[n++] = (int64_t)v;
+        p = end;
+    }
+    return n;
+}
+
 UAII_TEST_UNUSED static void test_done(const char* name) { printf("%s: %d checks passed\n", name, uaii_checks); }
 
 /* ---- scratch files -------------------------------------------------------------------------------------------- */

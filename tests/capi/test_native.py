@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from repo_scripts import load_script
 
 from uaii.capi import paths
 
@@ -69,15 +68,6 @@ def test_generation_matches_python_session(c_build: Path, tmp_path: Path, run_c:
     assert "test_generate:" in proc.stdout and "checks passed" in proc.stdout
 
 
-def _synth_gguf() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("synth_gguf", NATIVE.parent / "bench" / "synth_gguf.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("synth_gguf", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def relocated_ir_lm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A tiny llama (synthetic GGUF, converted to .uaii) laid out as test_ir_generate.c expects, and the prompt +
@@ -87,7 +77,7 @@ def relocated_ir_lm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from uaii.ir import WeightRef, load, save
     from uaii.runtime import Session
 
-    synth = _synth_gguf()
+    synth = load_script("bench/synth_gguf.py", "synth_gguf")
     root = tmp_path_factory.mktemp("ir-lm")
     orig, model, weights = root / "orig", root / "model", root / "weights"
     for d in (orig, model, weights):

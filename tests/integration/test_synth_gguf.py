@@ -4,32 +4,22 @@ logits, the streaming writer keeps a small memory footprint, and the cache sidec
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import gguf
 import numpy as np
 import pytest
+from repo_scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 D, HEADS, KV_HEADS, D_FF, VOCAB, LAYERS = 64, 4, 2, 128, 768, 2
 N_EXPERTS, TOP_K, D_FF_EXPERT = 8, 2, 32
 
 
-def _synth() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("synth_gguf", REPO / "bench" / "synth_gguf.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("synth_gguf", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-synth = _synth()
+synth = load_script("bench/synth_gguf.py", "synth_gguf")
 
 
 @pytest.fixture(scope="module")

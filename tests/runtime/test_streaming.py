@@ -4,16 +4,15 @@ errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from repo_scripts import load_script
 
 from uaii.planner import BudgetError
 from uaii.runtime import Session
@@ -22,15 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 PROMPT = "The capital of France is"
 SMALL = {"max_context": 128, "max_batch": 32}  # KV cache and arena small enough for a 10 % budget
-
-
-def _synth() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("synth_gguf", REPO / "bench" / "synth_gguf.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("synth_gguf", mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +130,8 @@ def moe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # attention weights larger than the experts: streaming a layer with a cache of all its experts then costs less
     # than pinning it (the plan counts the expert cache in the budget; pinned banks need none)
     path = tmp_path_factory.mktemp("synth") / "moe.gguf"
-    return Path(_synth().write_moe_gguf(path, 2, 512, 32, n_experts=8, top_k=2, vocab=768, qtype="q8_0", seed=5))
+    synth = load_script("bench/synth_gguf.py", "synth_gguf")
+    return Path(synth.write_moe_gguf(path, 2, 512, 32, n_experts=8, top_k=2, vocab=768, qtype="q8_0", seed=5))
 
 
 MOE_IDS = [1, 5, 9, 33, 70]
