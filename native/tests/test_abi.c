@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
         memset(&o, 0x5a, sizeof o);
         uaii_session_options_init(&o);
         CHECK(o.struct_size == sizeof o);
-        CHECK(o.kv_window == 0 && o.kv_sinks == 4 && o.pin_layers == -1 && o.n_threads == 0 && o.preset == NULL);
+        CHECK(o.kv_window == 0 && o.kv_sinks == 4 && o.pin_layers == -1 && o.n_threads == 0 && o.preset == NULL &&
+              o.kv_positions == NULL && o.kv_dtype == NULL);
     }
 
     /* a newer caller (a bigger struct) initialized by this library: known fields set, the rest zeroed, and the

@@ -222,6 +222,33 @@ static void context_limit(void) {
     uaii_session_destroy(s);
 }
 
+/* kv_positions / kv_dtype (0.3.x additions): with a window that never slides, cache positions are the absolute
+   ones, so the greedy tokens are Python's; an f16 cache generates; unknown values are CONFIG errors */
+static void kv_options(void) {
+    uaii_session* s = NULL;
+    uaii_session_options o;
+    int64_t out[MAX_TOKENS];
+    size_t n = 0;
+    uaii_session_options_init(&o);
+    CHECK(o.kv_positions == NULL && o.kv_dtype == NULL);
+    o.kv_window = 256;
+    o.kv_positions = "cache";
+    CHECK_OK(uaii_session_create(model, &o, &s));
+    CHECK_OK(uaii_session_generate(s, prompt, prompt_n, (int64_t)(expect_n - prompt_n), out, MAX_TOKENS, &n));
+    CHECK(n == expect_n && memcmp(out, expect, n * sizeof out[0]) == 0);
+    uaii_session_destroy(s);
+    o.kv_dtype = "f16";
+    CHECK_OK(uaii_session_create(model, &o, &s));
+    CHECK_OK(uaii_session_generate(s, prompt, prompt_n, 8, out, MAX_TOKENS, &n));
+    CHECK(n == prompt_n + 8 && memcmp(out, prompt, prompt_n * sizeof out[0]) == 0);
+    uaii_session_destroy(s);
+    o.kv_dtype = "f8";
+    CHECK_STATUS(uaii_session_create(model, &o, &s), UAII_ERR_CONFIG, "kv_dtype");
+    o.kv_dtype = NULL;
+    o.kv_positions = "sideways";
+    CHECK_STATUS(uaii_session_create(model, &o, &s), UAII_ERR_CONFIG, "kv_positions");
+}
+
 typedef struct lm_worker {
     uaii_session* s;
     int64_t out[MAX_TOKENS];
@@ -277,6 +304,7 @@ int main(int argc, char** argv) {
     two_threads(s);
     uaii_session_destroy(s);
     context_limit();
+    kv_options();
     CHECK_OK(uaii_convert_model(model, path_in(scratch, "smollm2.uaii.json")));
     CHECK(file_exists(path_in(scratch, "smollm2.uaii.json")));
     test_done("test_generate");

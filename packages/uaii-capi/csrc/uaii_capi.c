@@ -172,6 +172,8 @@ UAII_API void uaii_session_options_init_sized(uaii_session_options* options, siz
     d.pin_layers = -1;
     d.n_threads = 0;
     d.preset = NULL;
+    d.kv_positions = NULL;
+    d.kv_dtype = NULL;
     write_sized(options, &d, sizeof d, struct_size);
 }
 

@@ -83,6 +83,9 @@ def session_options(config: SessionConfig) -> dict[str, Any]:
         kw["pin_layers"] = int(config.pin_layers)
     if config.preset:
         kw["preset"] = config.preset
+    for name in ("kv_positions", "kv_dtype"):      # NULL: the Session's default
+        if getattr(config, name) is not None:
+            kw[name] = getattr(config, name)
     try:
         SessionOptions.from_kwargs(kw)
     except (SessionError, PresetError) as exc:

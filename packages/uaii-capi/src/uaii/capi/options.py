@@ -56,6 +56,8 @@ class SessionConfig:
     pin_layers: int = -1
     n_threads: int = 0
     preset: str | None = None
+    kv_positions: str | None = None
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.weight_init not in WeightInit.__members__.values():

@@ -103,6 +103,9 @@ typedef struct uaii_session_options {
     int32_t pin_layers;             /* trunk layers kept resident under a budget; -1 = the runtime's choice */
     int32_t n_threads;              /* CPU threads; 0 = the runtime's choice (default) */
     const char* preset;             /* a memory preset name; NULL = none (default) */
+    const char* kv_positions;       /* rotary positions of a windowed KV cache: "absolute" (default; NULL too) or
+                                       "cache" (StreamingLLM: positions within the cache) */
+    const char* kv_dtype;           /* KV cache element type: "f32" (default; NULL too) or "f16" */
 } uaii_session_options;
 
 /* ---- versions, status names, errors (0.3.0) ----------------------------------------------------------------- */
