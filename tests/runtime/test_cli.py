@@ -242,11 +242,14 @@ def test_kv_flags_reach_the_session(model_file, capsys):
     argv = ["run", model_file, "-p", "x", "--kv-window", "512", "--kv-sinks", "2", "--kv-positions", "cache",
             "--kv-dtype", "f16"]
     code, out, err = run(argv, capsys)
-    assert code == 0 and "kv window 512" in out + err
+    assert code == 0 and "kv window 512 f16" in out + err
     opts = FakeSession.opened[0].options
     assert (opts["kv_window"], opts["kv_sinks"], opts["kv_positions"], opts["kv_dtype"]) == (512, 2, "cache", "f16")
     assert run(["run", model_file, "-p", "x", "--kv-window", "0"], capsys)[0] == 0
-    assert FakeSession.opened[-1].options["kv_window"] == 0 and "kv_positions" not in FakeSession.opened[-1].options
+    opts = FakeSession.opened[-1].options
+    assert opts["kv_window"] == 0 and "kv_positions" not in opts and opts["kv_dtype"] == "f16"   # the preset's
+    assert run(["run", model_file, "-p", "x", "--kv-dtype", "f32"], capsys)[0] == 0
+    assert FakeSession.opened[-1].options["kv_dtype"] == "f32"
 
 
 def test_run_chat_uses_the_template(model_file, capsys):
@@ -382,6 +385,7 @@ def test_presets_json(capsys):
     assert code == 0 and obj["default"] == "auto"
     by_name = {p["name"]: p for p in obj["presets"]}
     assert by_name["tiny"]["budget_bytes"] == 256 * MiB and by_name["unlimited"]["kv_window"] == 0
+    assert {p["kv_dtype"] for p in obj["presets"]} == {"f16"}
 
 
 def test_cache_status_and_clear_on_a_temp_cache(tmp_path, capsys):

@@ -105,10 +105,10 @@ def test_convert_writes_a_graph_that_loads(smollm2_path: Path, tmp_path: Path, s
 
 
 def test_plan_fills_the_plan_cache(smollm2_path: Path, capsys):
-    first = run_json(["plan", smollm2_path, "--budget", "160MiB", "--json"], capsys)
-    assert first["budget_bytes"] == 160 << 20 and first["streamed_bytes_per_token"] > 0
+    first = run_json(["plan", smollm2_path, "--budget", "120MiB", "--json"], capsys)
+    assert first["budget_bytes"] == 120 << 20 and first["streamed_bytes_per_token"] > 0
     assert first["cache_hit"] is False
-    assert run_json(["plan", smollm2_path, "--budget", "160MiB", "--json"], capsys)["cache_hit"] is True
+    assert run_json(["plan", smollm2_path, "--budget", "120MiB", "--json"], capsys)["cache_hit"] is True
     status = run_json(["cache", "status", "--json"], capsys)
     assert status["entries"] == 1 and status["total_bytes"] > 0
     assert run_json(["cache", "clear", "--json"], capsys)["removed"] == 1

@@ -53,7 +53,7 @@ def test_fixed_presets():
         if p.name != "unlimited":
             assert (p.kv_window, p.kv_sinks) == (2048, 4)
     assert get_preset("tiny").session_options() == {"preset": "tiny", "budget_bytes": 256 * MiB, "kv_window": 2048,
-                                                    "kv_sinks": 4}
+                                                    "kv_sinks": 4, "kv_dtype": "f16"}
     with pytest.raises(PresetError, match="unknown preset 'huge'; known: tiny, laptop"):
         get_preset("huge")
 
@@ -81,8 +81,8 @@ def test_resolve_is_what_the_cli_runs_with():
     r = resolve("unlimited", "1GiB")
     assert (r.name, r.budget_bytes, r.kv_window) == ("unlimited", GiB, 0)
     assert resolve(None, 123).budget_bytes == 123
-    assert "budget 256 MiB, kv window 2048" in resolve("tiny").describe()
-    assert resolve("unlimited").describe() == "unlimited (budget unlimited, kv window unbounded)"
+    assert "budget 256 MiB, kv window 2048 f16" in resolve("tiny").describe()
+    assert resolve("unlimited").describe() == "unlimited (budget unlimited, kv window unbounded f16)"
 
 
 def test_session_options_accept_a_preset():

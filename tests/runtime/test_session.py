@@ -46,6 +46,8 @@ def test_options_are_checked() -> None:
     assert (o.device, o.kv_window, o.budget_bytes, o.preset, o.max_batch) == ("cpu", 0, 0, None, 512)
     p = SessionOptions.from_kwargs({"preset": "tiny", "kv_window": 64})
     assert p.budget_bytes == 256 << 20 and p.kv_window == 64 and p.kv_sinks == 4  # explicit options win
+    assert p.kv_dtype == "f16" and o.kv_dtype == "f32"          # a preset's f16 cache; none: the exact f32 one
+    assert SessionOptions.from_kwargs({"preset": "tiny", "kv_dtype": "f32"}).kv_dtype == "f32"
 
 
 def test_lifecycle_and_misuse(tiny: Path) -> None:

@@ -91,7 +91,7 @@ class SessionOptions:
         return opts.with_preset(set(options)) if opts.preset else opts
 
     def with_preset(self, given: set[str]) -> SessionOptions:
-        """Fill budget_bytes, kv_window and kv_sinks from the preset where the caller did not set them."""
+        """Fill budget_bytes, kv_window, kv_sinks and kv_dtype from the preset where the caller did not set them."""
         from uaii.runtime.presets import get_preset
 
         assert self.preset is not None

@@ -112,7 +112,7 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-positions", choices=("absolute", "cache"), default=None,
                    help="rotary positions of a windowed cache: absolute (default) or cache slots (StreamingLLM)")
     g.add_argument("--kv-dtype", choices=("f32", "f16"), default=None,
-                   help="KV cache element type (default f32; f16 halves the cache)")
+                   help="KV cache element type (default: the preset's, f16; f32 is exact and twice the bytes)")
 
 
 def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str, Any]]:
@@ -130,9 +130,11 @@ def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str,
                 raise CliError(f"{flag} must be >= {lo}, found {value}")
             options[name] = value
             preset = replace(preset, **{name: value})  # the stats line shows the window in effect
-    for name in ("kv_positions", "kv_dtype"):
-        if getattr(args, name, None) is not None:
-            options[name] = getattr(args, name)
+    if getattr(args, "kv_positions", None) is not None:
+        options["kv_positions"] = args.kv_positions
+    if getattr(args, "kv_dtype", None) is not None:
+        options["kv_dtype"] = args.kv_dtype
+        preset = replace(preset, kv_dtype=args.kv_dtype)  # the stats line shows the cache in effect
     return preset, options
 
 

@@ -162,11 +162,11 @@ def cmd_presets(args: argparse.Namespace, ctx: Context) -> int:
         report.print_json({"default": presets.DEFAULT_PRESET, "presets": [asdict(p) for p in all_presets]})
         return 0
     t = Table(title=f"memory presets (the CLI's default: {presets.DEFAULT_PRESET})", title_justify="left")
-    for col in ("preset", "budget", "kv window", "kv sinks", "what for"):
+    for col in ("preset", "budget", "kv window", "kv sinks", "kv cache", "what for"):
         t.add_column(col)
     for p in all_presets:
         t.add_row(p.name, report.size(p.budget_bytes) if p.budget_bytes else "unlimited",
-                  str(p.kv_window or "unbounded"), str(p.kv_sinks), p.description)
+                  str(p.kv_window or "unbounded"), str(p.kv_sinks), p.kv_dtype, p.description)
     ctx.out.print(t)
     return 0
 
