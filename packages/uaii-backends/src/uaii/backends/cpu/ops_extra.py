@@ -5,6 +5,7 @@ and mixture of experts (the router in numpy, the experts through the packed GEMM
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -151,27 +152,33 @@ class _Bank:
                         for e in range(n_exp)]
 
 
-def _gemm(pw: PackedWeight, x: np.ndarray, y: np.ndarray, mode: int) -> None:
+def _gemm(pw: PackedWeight, x: np.ndarray, y: np.ndarray, mode: int, where: str) -> None:
     assert pw.dtype.gguf_id is not None
     rc = lib.uk_gemm(pw.dtype.gguf_id, pw.pointer(), pw.n, pw.k, fptr(x), x.shape[0], pw.k, fptr(y), pw.n, mode)
     if rc:
-        raise status_fail("MoEExperts gemm", rc)
+        raise status_fail(where, rc)
 
 
-def moe_experts(b: Bind, info: NodeInfo) -> list[Step]:
+ExpertWeights = Callable[[int], tuple[PackedWeight, PackedWeight, PackedWeight]]
+
+
+def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where: str) -> Step:
+    """The expert loop of MoEExperts / MoEExpertsSwiGLU, for banks mapped whole (below) and for banks streamed
+    through the expert cache (StreamingWeights): ``experts(e)`` gives expert e's (gate, up, down) weights, fetched
+    only for the experts the router picked. Each picked expert runs once over all of its tokens."""
+    from uaii.kernels import glu
+
     node = info.node
     x_name, w_name, i_name = node.inputs[:3]
-    banks = [b.exe.cached(("bank", n), lambda n=n: _Bank(b, n)) for n in node.inputs[3:6]]
-    gate, up, down = banks
     out = node.outputs[0]
     dt, y = b.dtype(out), b.a(out)
     x, weights, indices = b.a(x_name), b.a(w_name), b.a(i_name)
-    d, ff = x.shape[-1], gate.rows
+    d = x.shape[-1]
     rows = max(x.size // d if d else 0, 1)
     xs, g, u, h = (b.scratch((rows, n)) for n in (d, ff, ff, d))
     act = info.attrs.get("activation", "silu") if node.op == "MoEExperts" else "silu"
+    kind = "silu" if act == "silu" else "gelu"
     mode = b.exe.gemm_mode
-    from uaii.kernels import glu
 
     def step() -> None:
         x2 = compute(x, dt).reshape(-1, d)
@@ -179,20 +186,28 @@ def moe_experts(b: Bind, info: NodeInfo) -> list[Step]:
         idx = indices.reshape(x2.shape[0], -1)
         wts = weights.reshape(x2.shape[0], -1).astype(np.float32)
         for e in np.unique(idx):
+            gate, up, down = experts(int(e))
             tok, slot = np.nonzero(idx == e)
             n = tok.size
             np.take(x2, tok, axis=0, out=xs[:n])
-            _gemm(gate.experts[e], xs[:n], g[:n], mode)
-            _gemm(up.experts[e], xs[:n], u[:n], mode)
-            glu(g[:n], u[:n], "silu" if act == "silu" else "gelu", out=g[:n])
-            _gemm(down.experts[e], g[:n], h[:n], mode)
+            _gemm(gate, xs[:n], g[:n], mode, where)
+            _gemm(up, xs[:n], u[:n], mode, where)
+            glu(g[:n], u[:n], kind, out=g[:n])
+            _gemm(down, g[:n], h[:n], mode, where)
             np.add.at(acc, tok, h[:n] * wts[tok, slot][:, None])
         store(y, acc.reshape(y.shape), dt)
 
+    return step
+
+
+def moe_experts(b: Bind, info: NodeInfo) -> list[Step]:
+    gate, up, down = (b.exe.cached(("bank", n), lambda n=n: _Bank(b, n)) for n in info.node.inputs[3:6])
+    step = expert_step(b, info, gate.rows, lambda e: (gate.experts[e], up.experts[e], down.experts[e]),
+                       "MoEExperts gemm")
     return [numpy_step(step)]
 
 
 EXTRA: dict[str, Any] = {"RoPE": rope, "Attention": attention, "MoERouter": moe_router, "MoEExperts": moe_experts,
                          "MoEExpertsSwiGLU": moe_experts}
 
-__all__ = ["EXTRA"]
+__all__ = ["EXTRA", "ExpertWeights", "expert_step"]

@@ -259,15 +259,13 @@ class StreamingWeights:
 
     # --- MoE experts -------------------------------------------------------------------------------------------
     def _moe_steps(self, b: Bind, info: NodeInfo) -> list[Step]:
-        from uaii.backends.cpu.ops_numpy import compute, store
-        from uaii.kernels import glu
+        from uaii.backends.cpu.ops_extra import expert_step
 
         cache = self.expert_cache
         node = info.node
         if cache is None:
             raise BackendError(f"[backend] node {node.name!r}: streamed expert banks need an expert cache "
                                "(compile with expert_cache=ExpertCache(store, budget))")
-        x_name, w_name, i_name = node.inputs[:3]
         banks = []
         for name in node.inputs[3:6]:
             t = self.exe.graph.tensor(name)
@@ -276,43 +274,14 @@ class StreamingWeights:
                                    "stream by expert")
             n_exp, rows, cols = (int(d) for d in t.shape)
             banks.append((t.dtype, rows, cols, [str(t.weight.with_expert(e)) for e in range(n_exp)]))
-        gate, up, down = banks
-        out = node.outputs[0]
-        dt, y = b.dtype(out), b.a(out)
-        x, weights, indices = b.a(x_name), b.a(w_name), b.a(i_name)
-        d, ff = x.shape[-1], gate[1]
-        rows_n = max(x.size // d if d else 0, 1)
-        xs, g, u, h = (b.scratch((rows_n, n)) for n in (d, ff, ff, d))
-        act = info.attrs.get("activation", "silu") if node.op == "MoEExperts" else "silu"
-        mode = self.exe.gemm_mode
 
-        def gemm(bank: tuple[Any, int, int, list[str]], raw: np.ndarray, xa: np.ndarray, ya: np.ndarray) -> None:
-            pw = PackedWeight.from_raw(raw, bank[0], (bank[1], bank[2]))  # wraps the cache's bytes
-            assert pw.dtype.gguf_id is not None
-            rc = lib.uk_gemm(pw.dtype.gguf_id, pw.pointer(), pw.n, pw.k, fptr(xa), xa.shape[0], pw.k, fptr(ya),
-                             pw.n, mode)
-            if rc:
-                raise status_fail(f"node {node.name!r} (expert gemm)", rc)
+        def experts(e: int) -> tuple[PackedWeight, PackedWeight, PackedWeight]:
+            raws = cache.get_many([bank[3][e] for bank in banks])  # the cache's bytes, wrapped as they are
+            gate, up, down = (PackedWeight.from_raw(raw, dtype, (rows, cols))
+                              for raw, (dtype, rows, cols, _) in zip(raws, banks, strict=True))
+            return gate, up, down
 
-        def step() -> None:
-            x2 = compute(x, dt).reshape(-1, d)
-            acc = np.zeros_like(x2, dtype=np.float32)
-            idx = indices.reshape(x2.shape[0], -1)
-            wts = weights.reshape(x2.shape[0], -1).astype(np.float32)
-            for e in np.unique(idx):
-                e = int(e)
-                tok, slot = np.nonzero(idx == e)
-                n = tok.size
-                gv, uv, dv = cache.get_many([gate[3][e], up[3][e], down[3][e]])
-                np.take(x2, tok, axis=0, out=xs[:n])
-                gemm(gate, gv, xs[:n], g[:n])
-                gemm(up, uv, xs[:n], u[:n])
-                glu(g[:n], u[:n], "silu" if act == "silu" else "gelu", out=g[:n])
-                gemm(down, dv, g[:n], h[:n])
-                np.add.at(acc, tok, h[:n] * wts[tok, slot][:, None])
-            store(y, acc.reshape(y.shape), dt)
-
-        return [step]
+        return [expert_step(b, info, banks[0][1], experts, f"node {node.name!r} (expert gemm)")]
 
 
 class _StreamedNode:
