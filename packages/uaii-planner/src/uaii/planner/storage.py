@@ -241,8 +241,10 @@ def _fit(uses: Sequence[WeightUse], pinned: frozenset[str], options: PlannerOpti
          expert_floor: int = 0) -> _Fit:
     """The parts of the budget a pin set needs. ``expert_floor``: count at least that much expert cache whatever
     streams (the fixed cost of streaming any expert bank, taken as paid while comparing drops)."""
-    held = [u for u in uses if _held(u, pinned, options)]
-    streamed = [u for u in uses if not _held(u, pinned, options)]
+    held: list[WeightUse] = []
+    streamed: list[WeightUse] = []
+    for u in uses:  # one pass: the greedy pin search calls this for every candidate
+        (held if _held(u, pinned, options) else streamed).append(u)
     unit = staging_unit(streamed, options.stream_unit)
     experts = expert_cache_need(streamed)  # expert banks are read into the expert cache, never staged
     cache = max(options.expert_cache_bytes, experts) if experts else 0
@@ -382,13 +384,11 @@ def plan_storage(graph: Graph, order: Sequence[Node], arena: ArenaLayout, option
                            expert_cache_bytes=options.expert_cache_bytes, kv_cache_bytes=options.kv_cache_bytes)
     fit = choose_pins(uses, options, arena.size)
 
-    def mode(u: WeightUse) -> str:
-        return "pinned" if _held(u, fit.pinned, options) else "streamed"
-
-    streamed = [u for u in uses if mode(u) == "streamed"]
+    modes = ["pinned" if _held(u, fit.pinned, options) else "streamed" for u in uses]
+    streamed = [u for u, m in zip(uses, modes, strict=True) if m == "streamed"]
     return StoragePlan(
         budget_bytes=options.budget_bytes,
-        weights=tuple(WeightPlacement(u.ref, u.nbytes, u.group, mode(u)) for u in uses),
+        weights=tuple(WeightPlacement(u.ref, u.nbytes, u.group, m) for u, m in zip(uses, modes, strict=True)),
         staging_buffers=(fit.staging,) * options.staging_buffers if fit.staging and streamed else (),
         prefetch_order=tuple(u.ref for u in streamed),
         expert_cache_bytes=fit.parts["expert_cache"], kv_cache_bytes=options.kv_cache_bytes,
