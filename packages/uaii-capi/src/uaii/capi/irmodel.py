@@ -67,16 +67,14 @@ class ResolvedWeights:
 
 
 def _container(path: Path) -> Mapping[str, Any]:
-    """Tensor table (name -> location) of a GGUF or safetensors file."""
-    from uaii.loaders import open_gguf, open_safetensors
-    from uaii.loaders.gguf import is_gguf
+    """Tensor table (name -> location) of a GGUF or safetensors file, as the Session reads it."""
+    from uaii.runtime import weight_container
 
-    if is_gguf(path):
-        return open_gguf(path).tensors
-    if path.suffix == ".safetensors":
-        return open_safetensors(path).tensors
-    raise CapiError(Status.ERR_INVALID_ARGUMENT, f"{path}: weight container format not recognized "
-                                                 "(expected GGUF or safetensors)")
+    table = weight_container(path)
+    if table is None:
+        raise CapiError(Status.ERR_INVALID_ARGUMENT, f"{path}: weight container format not recognized "
+                                                     "(expected GGUF or safetensors)")
+    return table
 
 
 def _locate(t: Tensor, ref: WeightRef, base: Path, sandbox: str | None,

@@ -11,14 +11,14 @@ See packages/uaii-runtime/README.md and docs/runtime.md.
 from importlib.metadata import version as _version
 
 from uaii.runtime.errors import SessionError
-from uaii.runtime.model import ModelBundle, ir_bundle
+from uaii.runtime.model import ModelBundle, ir_bundle, weight_container
 from uaii.runtime.options import SessionOptions
 from uaii.runtime.results import GenerationResult, GenerationStats, ModelInfo, SessionState, peak_rss_bytes
 from uaii.runtime.session import Session
 
 __version__ = _version("uaii-runtime")
 __all__ = ["GenerationResult", "GenerationStats", "ModelBundle", "ModelInfo", "Session", "SessionError",
-           "SessionOptions", "SessionState", "__version__", "ir_bundle", "peak_rss_bytes"]
+           "SessionOptions", "SessionState", "__version__", "ir_bundle", "peak_rss_bytes", "weight_container"]
 
 # sampling and memory presets (the `uaii` CLI is uaii.runtime.cli, imported on demand)
 from uaii.runtime.presets import PRESET_NAMES, Preset, PresetError, get_preset, parse_bytes

@@ -188,7 +188,9 @@ def ir_locations(graph: Graph, base: Path) -> dict[str, Any]:
     return out
 
 
-def _container(file: Path) -> Mapping[str, Any]:
+def weight_container(file: Path) -> Mapping[str, Any] | None:
+    """The tensor table (name -> location) of the GGUF or safetensors file an IR weight reference names; None for
+    another format (each caller reports that in its own terms: the Session, the C API)."""
     from uaii.loaders import open_gguf, open_safetensors
     from uaii.loaders.gguf import is_gguf
 
@@ -196,7 +198,15 @@ def _container(file: Path) -> Mapping[str, Any]:
         return open_gguf(file).tensors
     if file.suffix == ".safetensors":
         return open_safetensors(file).tensors
-    raise SessionError(f"[runtime] {file}: weight container format not recognized (expected GGUF or safetensors)")
+    return None
 
 
-__all__ = ["ModelBundle", "ir_bundle", "ir_locations", "is_ir_file", "load_bundle"]
+def _container(file: Path) -> Mapping[str, Any]:
+    table = weight_container(file)
+    if table is None:
+        raise SessionError(f"[runtime] {file}: weight container format not recognized (expected GGUF or "
+                           "safetensors)")
+    return table
+
+
+__all__ = ["ModelBundle", "ir_bundle", "ir_locations", "is_ir_file", "load_bundle", "weight_container"]
