@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from uaii.capi import generation
-from uaii.capi.irmodel import ResolvedWeights, is_generative, is_ir_path, resolve_weights
+from uaii.capi.irmodel import ResolvedWeights, is_ir_path, resolve_weights
 from uaii.capi.options import ComputeDType, GenerateConfig, GenerationStats, SessionConfig
 from uaii.capi.profiler import Profiler
 from uaii.capi.status import CapiError, Status, invalid
@@ -226,7 +226,7 @@ class CapiSession:
 
     # ---- tokens and generation -----------------------------------------------------------------------------
     def _generative_session(self, what: str) -> Any:
-        if self._session is None or not is_generative(self._graph):
+        if self._session is None or not self._session.generative:
             raise CapiError(Status.ERR_NOT_IMPLEMENTED, f"cannot {what}: {os.path.basename(self.path)} is not a "
                                                         "language model (use uaii_session_run)")
         return self._session

@@ -182,9 +182,3 @@ class FilledFile:
             with contextlib.suppress(OSError):
                 os.unlink(self._unlink)
             self._unlink = None
-
-
-def is_generative(graph: Graph) -> bool:
-    """A decoder LM as the runtime sees one: tokens/positions inputs, logits first output, a KV cache."""
-    return ("tokens" in graph.inputs and "positions" in graph.inputs and bool(graph.outputs)
-            and graph.outputs[0] == "logits" and any(n.startswith("past_k.") for n in graph.inputs))

@@ -220,6 +220,12 @@ class Session:
         if self.state is not SessionState.READY:
             raise SessionError(f"[runtime] cannot {what}: the session is {self.state.value}, not ready")
 
+    @property
+    def generative(self) -> bool:
+        """Whether the model is a decoder LM this session generates with: tokens and positions in, logits out, a
+        KV cache (else only run() applies)."""
+        return self._bundle.generative
+
     def _generative(self, what: str) -> None:
         self._ready(what)
         if self._kv is None:
