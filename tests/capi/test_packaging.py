@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_wheel_and_sdist_build_alone_and_work(tmp_path: Path,
                                               run_c: Callable[..., subprocess.CompletedProcess[str]]) -> None:
-    uv = shutil.which("uv")
+    uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` sets $UV: make's own uv need not be on PATH
     if uv is None:
         pytest.skip("uv is not installed")
     # uv builds the sdist, then the wheel from the unpacked sdist: nothing outside packages/uaii-capi is used
@@ -33,9 +33,10 @@ def test_wheel_and_sdist_build_alone_and_work(tmp_path: Path,
                  "uaii/capi/include/uaii/c_api/version.h", "uaii/capi/_bootstrap.py", "uaii/capi/_exports.py"):
         assert name in names
     assert not any(n.startswith("uaii/__init__") for n in names)  # PEP 420 namespace
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[-1] for m in tar.getnames()}
-    assert {"build_capi.py", "setup.py", "csrc/uaii_capi.c", "csrc/uaii_capi_embed.h", "csrc/libuaii.map",
+    assert {"LICENSE", "build_capi.py", "setup.py", "csrc/uaii_capi.c", "csrc/uaii_capi_embed.h", "csrc/libuaii.map",
             "src/uaii/capi/include/uaii/c_api/uaii.h"} <= members
 
     # the wheel's library, unpacked alone, serves a C program (its dependencies come from this environment)
