@@ -2,26 +2,50 @@
 SHELL := /bin/bash
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON_PREFERENCE := only-system
-UV ?= uv
+# uv: UV=... when given (`uv run` sets it for its children), else the one on PATH, else one that make installs itself
+# with `pip install --target .venv-tools` — no root, no `python3 -m venv` (Debian ships it apart), and the system
+# Python untouched, as PEP 668 asks. UV_DEP is that installed binary when it is the one used: a prerequisite of every
+# target that runs uv.
+UV_VERSION := 0.13.9
+UV_TOOLS := .venv-tools
+PYTHON3 ?= python3
+ifeq ($(origin UV),undefined)
+UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/$(UV_TOOLS)/bin/uv)
+endif
+UV_DEP := $(filter $(CURDIR)/$(UV_TOOLS)/bin/uv,$(UV))
 PY := $(UV) run --no-sync python
+# `make demo` runs in its own environment holding what a user installs, so it never undoes `make setup`'s .venv.
+DEMO_VENV ?= .venv-demo
+DEMO_UV := UV_PROJECT_ENVIRONMENT=$(DEMO_VENV) $(UV)
 PACKAGES := ir runtime kernels backends loaders tokenizers planner storage capi
 PYTEST_FLAGS ?= -q
 
-.PHONY: help setup demo capi test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels \
+.PHONY: help uv setup demo-env demo capi test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels \
         bench-generate bench-storage bench-kv clean \
         $(addprefix test-,$(PACKAGES))
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-setup: ## create .venv with every workspace package (editable), the dev tools and the test references (torch, transformers)
+uv: $(UV_DEP) ## the uv that make uses (installs uv with pip into .venv-tools when none is on PATH)
+	@echo "$(UV): $$($(UV) --version)"
+
+$(CURDIR)/$(UV_TOOLS)/bin/uv:
+	@echo "[make] no uv on PATH: installing uv $(UV_VERSION) into $(UV_TOOLS)/ with $(PYTHON3) -m pip"
+	PIP_ROOT_USER_ACTION=ignore $(PYTHON3) -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+	  --target $(UV_TOOLS) uv==$(UV_VERSION)
+
+setup: $(UV_DEP) ## create .venv with every workspace package (editable), the dev tools and the test references (torch, transformers)
 	$(UV) sync --all-packages --group reference
+
+demo-env: $(UV_DEP) ## create .venv-demo with what a user installs: uaii-runtime and uaii-loaders[gguf], no dev tools, no test references
+	$(DEMO_UV) sync --package uaii-runtime --package uaii-loaders --extra gguf --no-default-groups
 
 DEMO_PROMPT ?= What is the capital of France, and what is it famous for?
 
-demo: setup ## SmolLM2-135M answers a question on the CPU, streaming, then its tokens/s (fetches the model once)
-	@model=$$($(PY) scripts/models.py smollm2 --quiet) && \
-	  $(UV) run --no-sync uaii run "$$model" --chat -p "$(DEMO_PROMPT)" -n 128
+demo: demo-env ## SmolLM2-135M answers a question on the CPU, streaming, then its tokens/s (fetches the model once)
+	@model=$$($(DEMO_UV) run --no-sync python scripts/models.py smollm2 --quiet) && \
+	  $(DEMO_UV) run --no-sync uaii run "$$model" --chat -p "$(DEMO_PROMPT)" -n 128
 
 capi: setup ## build libuaii and the C examples/tests (native/build/; run them with `make test-capi`)
 	$(MAKE) -C native PYTHON='$(PY)'
@@ -38,7 +62,7 @@ pytest: setup ## pytest over all packages (fails when no test ran)
 test-%: setup ## tests of one package, e.g. make test-ir
 	$(PY) -m pytest $(PYTEST_FLAGS) tests/$*
 
-isolation-ir: ## uaii-ir's tests in a venv holding uaii-ir alone (no sibling installed)
+isolation-ir: $(UV_DEP) ## uaii-ir's tests in a venv holding uaii-ir alone (no sibling installed)
 	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) sync --package uaii-ir --no-default-groups --group test-ir
 	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) run --no-sync python scripts/check_isolated.py uaii-ir
 	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) run --no-sync python -m pytest $(PYTEST_FLAGS) -p no:cacheprovider tests/ir
@@ -49,10 +73,10 @@ gen: setup ## regenerate generated code (FlatBuffers Python from schemas/uaii_ir
 gen-check: setup ## fail when generated code is stale
 	$(PY) scripts/gen.py --check
 
-wheels: setup ## build a wheel and an sdist of every distribution into dist/, each on its own
+wheels: $(UV_DEP) ## a wheel and an sdist of every distribution into dist/, each built alone; native wheels tagged manylinux
 	rm -rf dist
-	for p in $(PACKAGES); do $(UV) build --package uaii-$$p --out-dir dist || exit 1; done
-	ls -l dist
+	UV_PROJECT_ENVIRONMENT=.venv-wheels $(UV) sync --only-group wheels
+	UV_PROJECT_ENVIRONMENT=.venv-wheels $(UV) run --no-sync python scripts/dists.py --out dist $(PACKAGES)
 
 bench-kernels: setup ## GEMV/GEMM throughput per weight type against numpy and the memory bandwidth
 	$(PY) bench/bench_kernels.py
@@ -70,4 +94,4 @@ bench-kv: setup ## KV window perplexity: absolute vs StreamingLLM cache position
 bench: bench-kernels bench-generate ## all benchmarks
 
 clean: ## remove build outputs and the venvs
-	rm -rf dist build .venv .venv-ir
+	rm -rf dist build .venv .venv-ir $(DEMO_VENV) .venv-wheels $(UV_TOOLS)

