@@ -7,6 +7,18 @@ neither a new release nor a changed planner between releases (a development chec
 Placement (which device runs each step) is a callback applied to the steps after planning and after a cache hit
 alike; it is not part of the key, and the cached plan holds the default device.
 
+A cached plan is checked against the graph before it is used (:mod:`uaii.planner.check`); one that does not match
+is logged with its file and its first problem, rebuilt and overwritten.
+
+The budget is keyed by what the plan depends on. Above :func:`budget_ceiling` — more than any storage plan of the
+graph can hold: every weight, staging buffers for every weight, KV and expert caches, an arena without reuse — every
+total the pinning rule compares with the budget fits, so the plan no longer changes with the budget: it is keyed and
+made with the ceiling instead (:func:`keyed_options`), and the plan handed out carries the caller's budget and
+options (it equals what :func:`build_plan` makes with them, but for the key, which names the cache entry). A model
+that fits the machine with room to spare thus keeps one cache entry however free memory (the ``auto`` preset's
+budget) moves. This holds while every decision in :mod:`uaii.planner.storage` is "does this total fit the budget";
+tests plan at the ceiling and far above it and compare.
+
 Every value a step names is declared in the input graph (fusion only removes values), so a runtime can take
 dtypes and shapes from the graph it loaded and the schedule from the plan.
 """
@@ -22,17 +34,18 @@ from importlib import metadata
 from pathlib import Path
 
 from uaii.ir.graph import Graph
-from uaii.ir.plan import PLAN_FORMAT_VERSION, ExecutionPlan
+from uaii.ir.plan import PLAN_FORMAT_VERSION, ArenaLayout, ExecutionPlan
 from uaii.ir.registry import Registry
 from uaii.ir.serialize import to_bytes
 from uaii.ir.validator import check
 from uaii.planner.cache import PlanCache
+from uaii.planner.check import first_problem
 from uaii.planner.liveness import execution_order
-from uaii.planner.memory import memory_report, plan_memory
+from uaii.planner.memory import align_up, arena_values, memory_report, plan_memory
 from uaii.planner.options import PlannerOptions
 from uaii.planner.passes import default_passes, run_passes
 from uaii.planner.steps import Placement, make_steps, place
-from uaii.planner.storage import plan_storage
+from uaii.planner.storage import expert_cache_need, plan_storage, staging_unit, weight_uses
 
 log = logging.getLogger("uaii.planner")
 
@@ -91,44 +104,121 @@ def build_plan(graph: Graph, options: PlannerOptions | None = None, *, registry:
     order = execution_order(fused)
     arena = plan_memory(fused, order, opts, registry)
     storage = plan_storage(fused, order, arena, opts, registry)
+    return ExecutionPlan(key=key or plan_key(graph, opts), graph_name=graph.name,
+                         steps=make_steps(fused, order, opts.device, registry), arena=arena, storage=storage,
+                         metadata=plan_metadata(graph, fused, opts, arena))
+
+
+def plan_metadata(graph: Graph, fused: Graph, options: PlannerOptions,
+                  arena: ArenaLayout) -> tuple[tuple[str, str], ...]:
+    """The ``metadata`` of a plan: planner version and options, fusion passes and node counts, arena figures."""
     report = memory_report(arena)
-    passes = (opts.passes if opts.passes is not None else default_passes()) if opts.enable_fusion else ()
+    passes = (options.passes if options.passes is not None else default_passes()) if options.enable_fusion else ()
     meta = {
         "planner.version": package_versions()["uaii-planner"],
-        "planner.options": opts.to_json(),
+        "planner.options": options.to_json(),
         "fusion.passes": ",".join(passes),
         "fusion.nodes_before": str(len(graph.nodes)),
         "fusion.nodes_after": str(len(fused.nodes)),
         "arena.intermediate_bytes": str(report.intermediate_bytes),
         "arena.values": str(report.values),
     }
-    return ExecutionPlan(key=key or plan_key(graph, opts), graph_name=graph.name,
-                         steps=make_steps(fused, order, opts.device, registry), arena=arena, storage=storage,
-                         metadata=tuple(sorted(meta.items())))
+    return tuple(sorted(meta.items()))
+
+
+def budget_ceiling(fused: Graph, options: PlannerOptions, registry: Registry | None = None) -> int:
+    """Bytes no storage plan of ``fused`` (the graph after fusion) can exceed under ``options``, whatever it pins:
+    every weight, ``staging_buffers`` buffers sized as if every weight streamed, the KV cache, the expert cache as
+    if every bank streamed, and the arena without reuse. (Staging and the expert cache grow with what streams.)"""
+    order = execution_order(fused)
+    uses = list(weight_uses(fused, order, registry).values())
+    streamable = [u for u in uses if u.streamable]
+    arena = sum(align_up(s.nbytes, options.alignment) for s in arena_values(fused, order, options, registry))
+    return (sum(u.nbytes for u in uses) + options.staging_buffers * staging_unit(streamable, options.stream_unit)
+            + options.kv_cache_bytes + max(options.expert_cache_bytes, expert_cache_need(streamable)) + arena)
+
+
+def keyed_options(fused: Graph, options: PlannerOptions, registry: Registry | None = None) -> PlannerOptions:
+    """``options`` with a budget above :func:`budget_ceiling` lowered to the ceiling: the options a plan is keyed
+    and made with (the plan is the same at any budget from the ceiling up; see the module doc)."""
+    if not options.budget_bytes:
+        return options
+    ceiling = budget_ceiling(fused, options, registry)
+    return replace(options, budget_bytes=ceiling) if options.budget_bytes > ceiling else options
 
 
 def plan(graph: Graph, options: PlannerOptions | None = None, cache: bool | PlanCache = True, *,
          registry: Registry | None = None, placement: Placement | None = None) -> tuple[ExecutionPlan, bool]:
     """(plan, cache_hit). ``cache`` is True (the default cache folder), a :class:`PlanCache`, or False.
 
-    A cache hit skips validation and planning; a missing, unreadable or corrupt entry is rebuilt and
-    overwritten. A cache that cannot be written (read-only folder) is logged and otherwise ignored.
+    A cache hit skips validation of the graph and planning, not the check of the cached plan against the graph
+    (:mod:`uaii.planner.check`). A missing, unreadable, corrupt or mismatched entry is rebuilt and overwritten (a
+    mismatch is logged with the entry's file and its first problem). A cache that cannot be written (read-only
+    folder) is logged and otherwise ignored. The plan carries ``options.budget_bytes`` even when it was keyed by a
+    lower ceiling (:func:`keyed_options`).
     """
     opts = options if options is not None else PlannerOptions()
     store = cache if isinstance(cache, PlanCache) else (PlanCache() if cache else None)
-    key = plan_key(graph, opts)
+    keyed, fused = _keyed(graph, opts, registry)
+    key = plan_key(graph, keyed)
     if store is not None:
         hit = store.load(key)
         if hit is not None:
-            return _placed(hit, placement), True
+            problem = cached_plan_problem(hit, graph, keyed, key, fused=fused, registry=registry)
+            if problem is None:
+                return _served(hit, opts, placement), True
+            log.warning("[planner] plan cache entry %s does not match graph %r: %s; planning again and overwriting "
+                        "it (`uaii cache clear` empties the plan cache)", store.path_for(key), graph.name, problem)
     check(graph, registry)
-    result = build_plan(graph, opts, registry=registry, key=key)
+    result = build_plan(graph, keyed, registry=registry, key=key)
     if store is not None:
         try:
             store.store(result)
         except OSError as exc:
-            log.warning("[planner] could not write the plan cache entry in %s: %s", store.directory, exc)
-    return _placed(result, placement), False
+            log.warning("[planner] could not write the plan cache entry in %s: %s (UAII_CACHE_DIR chooses the "
+                        "folder)", store.directory, exc)
+    return _served(result, opts, placement), False
+
+
+def cached_plan_problem(p: ExecutionPlan, graph: Graph, options: PlannerOptions, key: str, *,
+                        fused: Graph | None = None, registry: Registry | None = None) -> str | None:
+    """Why ``p``, read from the cache under ``key``, is not the plan :func:`build_plan` makes of ``graph`` with
+    ``options`` (its choices of offsets and pins aside), or None. Never raises: a plan whose check fails with an
+    error is reported as that error, since it cannot be trusted either."""
+    try:
+        fused = fused if fused is not None else fuse(graph, options, registry)
+        problem = first_problem(p, graph, fused, options, key=key, registry=registry)
+        if problem is None:
+            got, want = dict(p.metadata), dict(plan_metadata(graph, fused, options, p.arena))
+            name = next((k for k in sorted(got.keys() | want.keys()) if got.get(k) != want.get(k)), None)
+            if name is not None:
+                problem = f"its metadata {name!r} is {got.get(name)!r}, expected {want.get(name)!r}"
+    except Exception as exc:  # whatever a damaged plan makes the check trip over, it is not used
+        problem = f"checking it failed: {type(exc).__name__}: {exc}"
+    return problem
+
+
+def _keyed(graph: Graph, opts: PlannerOptions, registry: Registry | None) -> tuple[PlannerOptions, Graph | None]:
+    """(the keyed options, the fused graph when it was computed). The graph is not validated yet (a cache hit
+    skips that): a graph the ceiling cannot be computed for keeps its options, and planning reports the error."""
+    if not opts.budget_bytes:
+        return opts, None
+    try:
+        fused = fuse(graph, opts, registry)
+        return keyed_options(fused, opts, registry), fused
+    except Exception:  # check(graph) before planning names what is wrong
+        log.debug("[planner] no budget ceiling for graph %r", graph.name, exc_info=True)
+        return opts, None
+
+
+def _served(p: ExecutionPlan, options: PlannerOptions, placement: Placement | None) -> ExecutionPlan:
+    """The plan as the caller asked for it — its budget and options (what :func:`build_plan` would have made with
+    them), its devices."""
+    if p.storage.budget_bytes != options.budget_bytes:
+        meta = {**dict(p.metadata), "planner.options": options.to_json()}
+        p = replace(p, storage=replace(p.storage, budget_bytes=options.budget_bytes),
+                    metadata=tuple(sorted(meta.items())))
+    return _placed(p, placement)
 
 
 def _placed(p: ExecutionPlan, placement: Placement | None) -> ExecutionPlan:
@@ -137,4 +227,5 @@ def _placed(p: ExecutionPlan, placement: Placement | None) -> ExecutionPlan:
     return replace(p, steps=place(p.steps, placement))
 
 
-__all__ = ["KEYED_PACKAGES", "build_plan", "fuse", "package_versions", "plan", "plan_key"]
+__all__ = ["KEYED_PACKAGES", "budget_ceiling", "build_plan", "cached_plan_problem", "fuse", "keyed_options",
+           "package_versions", "plan", "plan_key", "plan_metadata"]

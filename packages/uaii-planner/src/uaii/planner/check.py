@@ -1,0 +1,220 @@
+"""Is a plan read back from the disk cache the plan of this graph? The checks it passes before it is used.
+
+An entry that parses can still be wrong: edited by hand, written by another tool, damaged in a way JSON does not
+notice (one step less, an offset changed). Run as it is, such a plan fails deep inside a backend — a ``KeyError``
+for a value no step produced — on every run until the cache is emptied. So the planner compares a loaded plan with
+what it knows of the graph, and rebuilds it on the first difference (:func:`uaii.planner.plan`).
+
+The checks redo only what is cheap and deterministic, not the planner's choices (arena offsets, which weights are
+pinned); they cost a small part of planning (Gemma-3 270M: see docs/planner.md):
+
+- **key**: the plan's key and graph name are the ones asked for.
+- **steps**: every step reads a graph input, a weight, a constant or the output of an earlier step; each value is
+  written once; every graph output is written. Then the steps are exactly those the planner makes for the fused
+  graph (fusion, execution order and step making are deterministic), attributes included — so a backend is handed
+  nothing a fresh plan would not give it.
+- **arena**: one slot per arena value with the size, dtype and lifetime that liveness gives, aligned, inside the
+  arena; slots live at the same step share no bytes.
+- **storage**: the weights the steps read, each once, in first-use order, with their sizes and groups; modes the
+  budget allows; prefetch order, staging buffers, expert cache and bytes per token as they follow from the modes;
+  the whole within the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+
+from uaii.ir.graph import Graph, Node
+from uaii.ir.plan import ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePlan
+from uaii.ir.registry import Registry
+from uaii.planner.liveness import execution_order
+from uaii.planner.memory import arena_values
+from uaii.planner.options import PlannerOptions
+from uaii.planner.steps import make_steps
+from uaii.planner.storage import WeightUse, expert_cache_need, staging_unit, weight_uses
+
+
+def plan_problems(plan: ExecutionPlan, graph: Graph, fused: Graph, options: PlannerOptions, *, key: str = "",
+                  registry: Registry | None = None) -> Iterator[str]:
+    """Why ``plan`` is not a plan of ``graph`` under ``options``, most basic first (nothing: it is one).
+
+    ``fused`` is ``graph`` after the options' fusion passes (:func:`uaii.planner.fuse`); ``key``, when given, is
+    the key the plan was looked up by. Lazy: a caller that wants the first problem pays for no further check."""
+    if key and plan.key != key:
+        yield f"its key is {plan.key[:16]}…, expected {key[:16]}…"
+    if plan.graph_name != graph.name:
+        yield f"it is a plan of graph {plan.graph_name!r}, expected {graph.name!r}"
+    yield from _dataflow(plan.steps, graph)
+    order = execution_order(fused)
+    yield from _steps(plan.steps, make_steps(fused, order, options.device, registry))
+    yield from _arena(plan.arena, fused, order, options, registry)
+    yield from _storage(plan, weight_uses(fused, order, registry), options)
+
+
+def first_problem(plan: ExecutionPlan, graph: Graph, fused: Graph, options: PlannerOptions, *, key: str = "",
+                  registry: Registry | None = None) -> str | None:
+    """The first of :func:`plan_problems`, or None."""
+    return next(plan_problems(plan, graph, fused, options, key=key, registry=registry), None)
+
+
+# --- steps --------------------------------------------------------------------------------------------------
+def _dataflow(steps: Sequence[Step], graph: Graph) -> Iterator[str]:
+    """Each value read is there when read, each value written once, every graph output written."""
+    tmap = graph.tensor_map
+    ready = set(graph.inputs) | {t.name for t in graph.tensors if t.is_weight or t.is_constant}
+    producer: dict[str, int] = {}
+    for i, s in enumerate(steps):
+        for v in s.outputs:
+            producer.setdefault(v, i)
+    for i, s in enumerate(steps):
+        where = f"step {i} ({s.node!r})"
+        for v in s.inputs:
+            if not v or v in ready:
+                continue
+            if v not in tmap:
+                yield f"{where} reads {v!r}, a value the graph does not declare"
+            elif v in producer:
+                yield f"{where} reads {v!r} before step {producer[v]} ({steps[producer[v]].node!r}) writes it"
+            else:
+                yield f"{where} reads {v!r}, which no step writes"
+        for v in s.outputs:
+            if not v:
+                continue
+            if v not in tmap:
+                yield f"{where} writes {v!r}, a value the graph does not declare"
+            elif v in ready:
+                yield f"{where} writes {v!r}, which {_holder(v, graph, producer, steps)} already holds"
+            ready.add(v)
+    missing = [v for v in graph.outputs if v not in ready]
+    if missing:
+        yield f"no step writes graph output {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if missing[1:] else "")
+
+
+def _holder(value: str, graph: Graph, producer: dict[str, int], steps: Sequence[Step]) -> str:
+    if value in producer and value not in graph.inputs:
+        return f"step {producer[value]} ({steps[producer[value]].node!r})"
+    return "the graph (an input, weight or constant)"
+
+
+def _steps(got: Sequence[Step], want: Sequence[Step]) -> Iterator[str]:
+    """The first step that differs from the planner's, field by field."""
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        if g == w:
+            continue
+        for f in fields(Step):
+            a, b = getattr(g, f.name), getattr(w, f.name)
+            if a != b:
+                yield f"step {i} ({w.node!r}) has {f.name} {a!r}, the planner makes {b!r}"
+                return
+    if len(got) != len(want):
+        nxt = want[len(got)].node if len(got) < len(want) else got[len(want)].node
+        yield f"it has {len(got)} steps, the planner makes {len(want)} (first unmatched: {nxt!r})"
+
+
+# --- arena --------------------------------------------------------------------------------------------------
+def _arena(arena: ArenaLayout, fused: Graph, order: Sequence[Node], options: PlannerOptions,
+           registry: Registry | None) -> Iterator[str]:
+    if (arena.alignment, arena.max_tokens) != (options.alignment, options.max_tokens):
+        yield (f"its arena is aligned to {arena.alignment} for {arena.max_tokens} tokens, the options say "
+               f"{options.alignment} and {options.max_tokens}")
+    want = {s.value: s for s in arena_values(fused, order, options, registry)}
+    seen: set[str] = set()
+    for s in arena.slots:
+        w = want.get(s.value)
+        if w is None or s.value in seen:
+            yield f"arena slot {s.value!r} " + ("is listed twice" if w else "is not an activation of the steps")
+            return
+        seen.add(s.value)
+        for name in ("nbytes", "dtype", "first_step", "last_step"):
+            if getattr(s, name) != getattr(w, name):
+                yield f"arena slot {s.value!r} has {name} {getattr(s, name)!r}, expected {getattr(w, name)!r}"
+        if s.offset % arena.alignment or s.offset + s.nbytes > arena.size:
+            yield (f"arena slot {s.value!r} at bytes [{s.offset}, {s.offset + s.nbytes}) is not "
+                   f"{arena.alignment}-aligned inside the {arena.size}-byte arena")
+    missing = [v for v in want if v not in seen]
+    if missing:
+        yield f"no arena slot holds {missing[0]!r}"
+    for a, b in _shared_bytes(arena.slots):
+        yield (f"arena slots {a.value!r} [{a.offset}, {a.offset + a.nbytes}) and {b.value!r} "
+               f"[{b.offset}, {b.offset + b.nbytes}) are live at the same step and share bytes")
+        return
+
+
+def _shared_bytes(slots: Sequence[BufferSlot]) -> Iterator[tuple[BufferSlot, BufferSlot]]:
+    """Pairs of slots live at one step that share bytes (:func:`uaii.planner.memory.overlapping_slots`'s relation),
+    by a sweep over steps: each slot is compared with the few live when it starts, not with every slot."""
+    live: list[BufferSlot] = []
+    for s in sorted(slots, key=lambda s: (s.first_step, s.offset)):
+        live = [a for a in live if a.last_step >= s.first_step]
+        for a in live:
+            if s.nbytes and a.nbytes and a.offset < s.offset + s.nbytes and s.offset < a.offset + a.nbytes:
+                yield a, s
+        live.append(s)
+
+
+# --- storage ------------------------------------------------------------------------------------------------
+def _storage(plan: ExecutionPlan, uses: dict[str, WeightUse], options: PlannerOptions) -> Iterator[str]:
+    s = plan.storage
+    if (s.budget_bytes, s.kv_cache_bytes) != (options.budget_bytes, options.kv_cache_bytes):
+        yield (f"its storage plan is for a budget of {s.budget_bytes} bytes with a {s.kv_cache_bytes}-byte KV "
+               f"cache, the options say {options.budget_bytes} and {options.kv_cache_bytes}")
+    refs = [w.ref for w in s.weights]
+    if refs != list(uses):
+        yield _weights_differ(refs, list(uses))
+        return
+    for w in s.weights:
+        u = uses[w.ref]
+        if (w.nbytes, w.group) != (u.nbytes, u.group):
+            yield (f"weight {w.ref!r} is placed as {w.nbytes} bytes of group {w.group!r}, expected {u.nbytes} "
+                   f"bytes of {u.group!r}")
+        allowed = ("mmap",) if options.budget_bytes == 0 else ("pinned", "streamed")
+        if w.mode not in (allowed if u.streamable else ("pinned",)):
+            yield f"weight {w.ref!r} is {w.mode}, which a budget of {options.budget_bytes} does not allow for it"
+    streamed = [uses[w.ref] for w in s.weights if w.mode == "streamed"]
+    yield from _derived(s, _expected_storage(uses, streamed, options))
+    total = s.pinned_bytes + s.staging_bytes + s.kv_cache_bytes + s.expert_cache_bytes + plan.arena.size
+    if options.budget_bytes and total > options.budget_bytes:
+        yield f"it holds {total} bytes, over the budget of {options.budget_bytes}"
+
+
+def _weights_differ(got: list[str], want: list[str]) -> str:
+    got_set, want_set = set(got), set(want)
+    extra = [r for r in got if r not in want_set]
+    missing = [r for r in want if r not in got_set]
+    if missing:
+        return f"its storage plan does not place weight {missing[0]!r}"
+    if extra:
+        return f"its storage plan places {extra[0]!r}, which no step reads"
+    if len(got) != len(got_set):
+        return f"its storage plan places {next(r for r in got if got.count(r) > 1)!r} twice"
+    i = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+    return f"its storage plan lists {got[i]!r} where the first use order has {want[i]!r}"
+
+
+def _expected_storage(uses: dict[str, WeightUse], streamed: list[WeightUse],
+                      options: PlannerOptions) -> dict[str, object]:
+    """What follows from the modes (as :func:`uaii.planner.storage.plan_storage` derives it)."""
+    if options.budget_bytes == 0:
+        return {"prefetch_order": tuple(u.ref for u in uses.values() if u.streamable), "staging_buffers": (),
+                "expert_cache_bytes": options.expert_cache_bytes, "streamed_bytes_per_token": 0}
+    unit = staging_unit(streamed, options.stream_unit)
+    need = expert_cache_need(streamed)
+    return {"prefetch_order": tuple(u.ref for u in streamed),
+            "staging_buffers": (unit,) * options.staging_buffers if unit and streamed else (),
+            "expert_cache_bytes": max(options.expert_cache_bytes, need) if need else 0,
+            "streamed_bytes_per_token": sum(u.per_token for u in streamed)}
+
+
+def _derived(s: StoragePlan, expected: dict[str, object]) -> Iterator[str]:
+    for name, want in expected.items():
+        got = getattr(s, name)
+        if got != want:
+            yield f"its storage plan has {name} {_short(got)}, the weights' modes give {_short(want)}"
+
+
+def _short(x: object) -> str:
+    return f"({len(x)} entries)" if isinstance(x, tuple) and len(x) > 4 else repr(x)
+
+
+__all__ = ["first_problem", "plan_problems"]
