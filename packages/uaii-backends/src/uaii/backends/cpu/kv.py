@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,9 +130,10 @@ class KVState:
         keep = int(np.count_nonzero(self.pos[:self.used] < n))  # slots are in position order
         if self.compactions and n > keep and keep <= self.sinks < n:
             raise KVCacheFull(f"[kv] cannot truncate to {n}: the tokens before it were dropped by window compaction")
-        self.used = keep
-        self.pos[keep:] = -1
-        self._length = n
+        with self._all_or_reset():
+            self.used = keep
+            self.pos[keep:] = -1
+            self._length = n
 
     def nbytes(self) -> int:
         """Bytes reserved for keys and values (address space; committed only where written)."""
@@ -167,8 +168,23 @@ class KVState:
         self.pos[self.used:self.used + n] = q
 
     def advance(self, n: int) -> None:
-        self.used += n
-        self._length += n
+        try:  # as _all_or_reset, inlined: this runs every decode step
+            self.used += n
+            self._length += n
+        except BaseException:
+            self.reset()
+            raise
+
+    @contextlib.contextmanager
+    def _all_or_reset(self) -> Iterator[None]:
+        """Around a change of several fields (or of the arrays): if anything interrupts it (KeyboardInterrupt
+        included) the state is emptied, never left half-changed. The owner sees ``length`` drop to 0 and forgets
+        its tokens too (the runtime Session does: see Session._resync)."""
+        try:
+            yield
+        except BaseException:
+            self.reset()
+            raise
 
     def _make_room(self, n: int) -> None:
         if not self.window:
@@ -186,15 +202,16 @@ class KVState:
         keep_recent = max(0, min(keep_recent, self.used - self.sinks - max(n, self.window // 4)))
         start = self.used - keep_recent
         dst = self.sinks
-        for arrays in (self.k, self.v):
-            for a in arrays:
-                a[dst:dst + keep_recent] = a[start:self.used]
-        for a, rotation in zip(self.k, self.rotations, strict=False):  # cache positions: slot = rotary position
-            rotation.shift(a[dst:dst + keep_recent], dst - start)
-        self.pos[dst:dst + keep_recent] = self.pos[start:self.used]
-        self.used = dst + keep_recent
-        self.pos[self.used:] = -1
-        self.compactions += 1
+        with self._all_or_reset():  # a compaction stopped half-way would leave layers that disagree
+            for arrays in (self.k, self.v):
+                for a in arrays:
+                    a[dst:dst + keep_recent] = a[start:self.used]
+            for a, rotation in zip(self.k, self.rotations, strict=False):  # cache positions: slot = rotary position
+                rotation.shift(a[dst:dst + keep_recent], dst - start)
+            self.pos[dst:dst + keep_recent] = self.pos[start:self.used]
+            self.used = dst + keep_recent
+            self.pos[self.used:] = -1
+            self.compactions += 1
 
     def __repr__(self) -> str:
         return (f"<KVState layers={self.n_layers} length={self._length} used={self.used}/{self.capacity} "
