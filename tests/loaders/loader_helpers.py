@@ -90,6 +90,20 @@ def _add_kv(w: Any, key: str, value: Any) -> None:
         raise TypeError(f"no GGUF type for {key}={value!r}")
 
 
+def assert_gguf_table_sound(parsed: Any, data: bytes) -> None:
+    """The reader's tensor-table rules, restated for files it accepted (``parse_bytes`` result + the bytes): each
+    size is type x shape, and sorted by offset the tensors tile the data section up to zero padding below the
+    alignment, the file's end included."""
+    from uaii.ir import tensor_nbytes
+
+    align, pos = parsed.alignment, parsed.data_start
+    for t in sorted((t for t in parsed.tensors.values() if t.nbytes), key=lambda t: t.offset):
+        assert t.nbytes == tensor_nbytes(t.dtype, t.shape) and t.offset % align == 0, t
+        assert 0 <= t.offset - pos < align and not any(data[pos:t.offset]), t
+        pos = t.end
+    assert 0 <= len(data) - pos < align and not any(data[pos:])
+
+
 def quantize(arr: np.ndarray, qname: str) -> tuple[np.ndarray, Any]:
     import gguf
 

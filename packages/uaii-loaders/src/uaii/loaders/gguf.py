@@ -17,12 +17,11 @@ trusts the counts it reads.
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -285,11 +284,56 @@ def _locate(cur: _Cursor, infos: list[tuple[str, tuple[int, ...], DType, int, in
                      "file "
                      f"(size {cur.size:#x})", offset if offset < cur.size else where)
         out[name] = TensorInfo(name, dtype, tuple(reversed(ne)), cur.path, offset, nbytes)
-    spans = sorted(out.values(), key=lambda t: t.offset)
-    for a, b in itertools.pairwise(spans):
-        if a.nbytes and b.nbytes and b.offset < a.end:
-            cur.fail(f"tensors {a.name!r} and {b.name!r} overlap", b.offset)
+    if out:
+        _check_tiling(cur, out.values(), data_start, align)
     return out
+
+
+def _describe(t: TensorInfo) -> str:
+    return f"tensor {t.name!r} (type {t.dtype.value.upper()}, shape {list(t.shape)})"
+
+
+def _check_tiling(cur: _Cursor, tensors: Iterable[TensorInfo], data_start: int, align: int) -> None:
+    """Sorted by offset, the tensors must tile the data section as both writers lay it out.
+
+    llama.cpp (gguf.cpp, llama-quantize) and gguf-py's GGUFWriter write each tensor at the next aligned offset
+    and pad it with zero bytes up to the alignment, the last one included. GGUF has no checksums, so this is
+    the only cross-check of the table: a tensor's extent follows from its declared type and shape, and a
+    flipped type id or dimension (a Q4_1 tensor declared Q4_0 claims 18 bytes a block instead of 20) leaves a
+    gap, an overlap or a tail here instead of loading and generating garbage. Gaps must be zeros too, which
+    also catches a declared size that shrank by less than the alignment. Empty tensors hold no bytes and are
+    skipped.
+    """
+    prev: TensorInfo | None = None
+    pos = data_start
+    for t in sorted((t for t in tensors if t.nbytes), key=lambda t: t.offset):
+        if prev is not None and t.offset < pos:
+            cur.fail(f"tensors {prev.name!r} and {t.name!r} overlap: {_describe(prev)} at offset "
+                     f"{prev.offset:#x} is {prev.nbytes} bytes and ends at {prev.end:#x}, but {t.name!r} starts "
+                     f"at {t.offset:#x}: the declared type or shape of one of them does not match the data",
+                     t.offset)
+        _check_gap(cur, prev, pos, t, align)
+        prev, pos = t, t.end
+    _check_gap(cur, prev, pos, None, align)
+
+
+def _check_gap(cur: _Cursor, prev: TensorInfo | None, start: int, nxt: TensorInfo | None, align: int) -> None:
+    """The bytes between ``prev`` (or the start of the data section) and ``nxt`` (or the end of the file)."""
+    end = cur.size if nxt is None else nxt.offset
+    gap = end - start
+    if gap < align and not any(bytes(cur.buf[start:end])):
+        return
+    why = f"more than the {align - 1} bytes of padding" if gap >= align else "padding is zeros, these are not"
+    if prev is None:
+        assert nxt is not None
+        cur.fail(f"the data section starts at {start:#x} but the first tensor, {_describe(nxt)}, starts at "
+                 f"{nxt.offset:#x} ({gap} bytes later; {why}): the tensor table does not match the data", start)
+    head = f"{_describe(prev)} at offset {prev.offset:#x} is {prev.nbytes} bytes"
+    if nxt is None:
+        cur.fail(f"{head} and ends at {start:#x}, but the file goes on for {gap} more bytes (size {cur.size:#x}; "
+                 f"{why}): the declared type or shape does not match the data", start)
+    cur.fail(f"{head}, but the next tensor, {nxt.name!r}, starts at {nxt.offset:#x} ({gap} bytes after its end; "
+             f"{why}): the declared type or shape does not match the data", start)
 
 
 @dataclass
@@ -349,6 +393,9 @@ def shard_paths(path: Path, count: int) -> list[Path]:
     if m is None:
         raise FormatError(f"metadata says the model is split in {count} files, but the file name does not "
                           "follow '<name>-00001-of-0000N.gguf'", path=str(path), component="gguf")
+    if int(m.group("count")) != count:  # checked before a list of `count` names is built
+        raise FormatError(f"split.count is {count}, but the file name says {int(m.group('count'))} shards",
+                          path=str(path), component="gguf")
     stem = m.group("stem")
     return [path.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
