@@ -14,10 +14,11 @@ Architectures: see :func:`supported_architectures`. Loaders are plugins of the e
 from importlib.metadata import version as _version
 
 from uaii.loaders.arch import build_graph, supported_architectures
-from uaii.loaders.config import ModelConfig, RopeConfig, from_gguf, from_hf
+from uaii.loaders.config import ModelConfig, RopeConfig, from_gguf
 from uaii.loaders.errors import LoaderError, MissingDependency
 from uaii.loaders.gguf import SUPPORTED_DTYPES, GGUFFile, open_gguf
 from uaii.loaders.hf import HFDirectory, open_hf_directory
+from uaii.loaders.hf_config import from_hf
 from uaii.loaders.index import TensorInfo, WeightIndex
 from uaii.loaders.model import LoadedModel, Loader, detect_format, load_model, loaders
 from uaii.loaders.safetensors import SafetensorsModel, open_safetensors

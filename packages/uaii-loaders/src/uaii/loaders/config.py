@@ -8,6 +8,10 @@ normalization here records the difference as data instead of letting builders br
   the other architectures keep ``neox`` in GGUF too.
 * ``norm_unit_offset`` — Gemma's RMSNorm computes ``x * (1 + w)`` in HF; llama.cpp's converter adds 1 to the
   stored weights, so GGUF gemma norms are plain ``x * w``.
+
+GGUF metadata is normalized here (:func:`from_gguf`); ``config.json`` of both transformers generations in
+:mod:`uaii.loaders.hf_config` (:func:`~uaii.loaders.hf_config.from_hf`), which builds on the types and
+lookups of this module.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LoaderError
+from .limits import MAX_CONTEXT, MAX_EXPERTS, MAX_LAYERS, check_count
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "gpt2", "bert", "mixtral",
                  "qwen2moe", "qwen3moe")
@@ -190,132 +195,16 @@ def unknown_architecture(name: str, where: str) -> LoaderError:
                        f"supported: {', '.join(ARCHITECTURES)}")
 
 
-# --- Hugging Face config.json -------------------------------------------------------------------------------
-def _eos(v: Any) -> tuple[int, ...]:
-    if v is None:
-        return ()
-    vals = v if isinstance(v, list) else [v]
-    return tuple(int(x) for x in vals if isinstance(x, int) and not isinstance(x, bool))
-
-
-def _hf_rope(c: _Src, arch: str, head_dim: int, ctx: int) -> RopeConfig | None:
-    if arch in _ROPELESS:
-        return None
-    dims = int(head_dim * c.float("partial_rotary_factor", 1.0))
-    rope = RopeConfig(theta=c.float("rope_theta", 10000.0), dims=dims - dims % 2, mode="neox")
-    if arch == "gemma3":
-        rope = replace(rope, local_theta=c.float("rope_local_base_freq", 10000.0))
-    rs = c.raw("rope_scaling")
-    if not isinstance(rs, dict) or not rs or str(rs.get("rope_type") or rs.get("type")) == "default":
-        return rope
-    s = _Src(rs, c.where + " rope_scaling")
-    kind = str(rs.get("rope_type") or rs.get("type") or "default")
-    kind = {"su": "longrope", "default": "none"}.get(kind, kind)
-    if kind not in ("none", "linear", "llama3", "yarn", "longrope"):
-        raise LoaderError(f"{c.where}: rope scaling {kind!r} is not supported (none, linear, llama3, yarn, "
-                          "longrope)")
-    orig = s.int("original_max_position_embeddings", c.int("original_max_position_embeddings", ctx))
-    factor = s.float("factor", 1.0)
-    if kind == "longrope":  # HF: factor = context / original context, magnitude sqrt(1 + ln f / ln orig)
-        factor = ctx / orig if orig else 1.0
-        attn = math.sqrt(1 + math.log(factor) / math.log(orig)) if factor > 1 and orig > 1 else 1.0
-    else:
-        attn = math.log(factor) * 0.1 + 1.0 if kind == "yarn" and factor > 1 else 1.0
-    attn = s.float("attention_factor", attn)
-    return replace(rope, scaling=kind, factor=factor, original_context=orig, attn_factor=attn,
-                   beta_fast=s.float("beta_fast", 32.0), beta_slow=s.float("beta_slow", 1.0),
-                   low_freq_factor=s.float("low_freq_factor", 1.0),
-                   high_freq_factor=s.float("high_freq_factor", 4.0),
-                   short_factors=tuple(float(x) for x in rs.get("short_factor") or ()),
-                   long_factors=tuple(float(x) for x in rs.get("long_factor") or ()))
-
-
-def _hf_sliding(c: _Src, arch: str, n_layers: int) -> tuple[int, tuple[bool, ...]]:
-    window = c.int("sliding_window", 0) if c.raw("sliding_window") is not None else 0
-    types = c.raw("layer_types")
-    if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe") and not c.bool("use_sliding_window", False):
-        return 0, ()
-    if isinstance(types, list) and len(types) == n_layers:
-        flags = tuple(t == "sliding_attention" for t in types)
-    elif arch == "gemma3":
-        period = c.int("sliding_window_pattern", c.int("_sliding_window_pattern", _GEMMA3_SWA_PERIOD))
-        flags = tuple((i + 1) % period != 0 for i in range(n_layers))
-    else:
-        flags = (True,) * n_layers
-    if not window or not any(flags):
-        return 0, ()
-    return window, flags
-
-
-def from_hf(config: Mapping[str, Any], where: str = "config.json") -> ModelConfig:
-    """Normalize a Hugging Face ``config.json`` (text config of multimodal models included)."""
-    model_type = str(config.get("model_type", ""))
-    text = config.get("text_config")
-    if isinstance(text, dict) and "hidden_size" not in config and "n_embd" not in config:
-        # multimodal wrapper (gemma3): the language model's settings live in text_config
-        keep = ("tie_word_embeddings", "bos_token_id", "eos_token_id")
-        inner = {k: v for k, v in config.items() if k in keep}
-        return from_hf({**inner, **text, "model_type": text.get("model_type") or model_type}, where)
-    arch = HF_MODEL_TYPES.get(model_type)
-    if arch is None:
-        raise unknown_architecture(model_type or "<missing model_type>", where)
-    c = _Src(config, where)
-    if arch == "gpt2":
-        d, n_heads, n_layers = c.int("n_embd"), c.int("n_head"), c.int("n_layer")
-        n_kv, head_dim, d_ff = n_heads, d // n_heads, c.int("n_inner", 4 * d)
-        ctx, eps = c.int("n_positions", 1024), c.float("layer_norm_epsilon", 1e-5)
-    else:
-        d, n_heads, n_layers = c.int("hidden_size"), c.int("num_attention_heads"), c.int("num_hidden_layers")
-        n_kv, head_dim = c.int("num_key_value_heads", n_heads), c.int("head_dim", d // n_heads)
-        d_ff, ctx = c.int("intermediate_size", 0), c.int("max_position_embeddings", 0)
-        eps = c.float("rms_norm_eps", c.float("layer_norm_eps", 1e-6))
-    act = str(c.raw("hidden_activation") or c.raw("hidden_act") or c.raw("activation_function") or "silu")
-    window, flags = _hf_sliding(c, arch, n_layers)
-    bos = c.raw("bos_token_id")
-    cfg = ModelConfig(
-        architecture=arch, source="hf", n_layers=n_layers, d_model=d, n_heads=n_heads, n_kv_heads=n_kv,
-        head_dim=head_dim, d_ff=d_ff, vocab_size=c.int("vocab_size"), context_length=ctx, norm_eps=eps,
-        rope=_hf_rope(c, arch, head_dim, ctx),
-        activation="silu" if act in ("silu", "swish") else "gelu" if act == "gelu" else "gelu_tanh",
-        sliding_window=window, sliding_layers=flags,
-        tied_embeddings=c.bool("tie_word_embeddings", arch in ("gemma3", "gpt2", "bert")),
-        qkv_bias=arch == "qwen2" or c.bool("qkv_bias", False) or c.bool("attention_bias", False),
-        bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else -1,
-        eos_token_ids=_eos(c.raw("eos_token_id")),
-    )
-    return _check(_hf_specifics(cfg, c), where)
-
-
-def _hf_specifics(cfg: ModelConfig, c: _Src) -> ModelConfig:
-    arch = cfg.architecture
-    if arch == "gemma3":
-        scalar = c.float("query_pre_attn_scalar", float(cfg.head_dim))
-        cfg = cfg.with_(embedding_scale=math.sqrt(cfg.d_model), norm_unit_offset=True,
-                        attn_scale=scalar ** -0.5, attn_softcap=c.float("attn_logit_softcapping", 0.0),
-                        final_softcap=c.float("final_logit_softcapping", 0.0))
-    if arch == "bert":
-        cfg = cfg.with_(causal=False, type_vocab_size=c.int("type_vocab_size", 2), pooling="pooler")
-    if arch == "mixtral":
-        cfg = cfg.with_(n_experts=c.int("num_local_experts"), n_experts_used=c.int("num_experts_per_tok"),
-                        d_ff_expert=cfg.d_ff, norm_topk_prob=True)
-    if arch in ("qwen2moe", "qwen3moe"):
-        step = c.int("decoder_sparse_step", 1) or 1
-        only = {int(x) for x in c.raw("mlp_only_layers") or ()}
-        dense = tuple(i for i in range(cfg.n_layers) if i in only or (i + 1) % step != 0)
-        cfg = cfg.with_(n_experts=c.int("num_experts"), n_experts_used=c.int("num_experts_per_tok"),
-                        d_ff_expert=c.int("moe_intermediate_size"),
-                        d_ff_shared=c.int("shared_expert_intermediate_size", 0) if arch == "qwen2moe" else 0,
-                        norm_topk_prob=c.bool("norm_topk_prob", arch == "qwen3moe"), dense_layers=dense)
-    return cfg
-
-
 # --- GGUF metadata ------------------------------------------------------------------------------------------
 def _gguf_sliding(c: _Src, arch: str, n_layers: int) -> tuple[int, tuple[bool, ...]]:
     window = c.int("attention.sliding_window", 0)
     if not window:
         return 0, ()
     pattern = c.raw("attention.sliding_window_pattern")
-    if pattern is not None and hasattr(pattern, "tolist") and len(pattern) == n_layers:
+    if pattern is not None and hasattr(pattern, "tolist"):  # one flag per layer
+        if len(pattern) != n_layers:
+            raise LoaderError(f"{c.where}: {c.prefix}attention.sliding_window_pattern has {len(pattern)} "
+                              f"entries for {n_layers} layers")
         flags = tuple(bool(x) for x in pattern.tolist())
     else:
         period = int(pattern) if isinstance(pattern, int) and pattern > 0 else (
@@ -357,6 +246,9 @@ def from_gguf(meta: Mapping[str, Any], where: str = "model.gguf") -> ModelConfig
     d, n_heads = c.int("embedding_length"), c.int("attention.head_count")
     head_dim = c.int("attention.key_length", d // n_heads if n_heads else 0)
     n_layers, ctx = c.int("block_count"), c.int("context_length", 0)
+    for key, value, limit in (("block_count", n_layers, MAX_LAYERS), ("context_length", ctx, MAX_CONTEXT),
+                              ("expert_count", n_experts, MAX_EXPERTS)):  # before any per-layer table
+        check_count(value, limit, c.prefix + key, where)
     window, flags = _gguf_sliding(c, arch, n_layers)
     tok = _Src(meta, where, "tokenizer.ggml.")
     vocab = c.int("vocab_size", 0) or len(meta.get("tokenizer.ggml.tokens") or ())
@@ -394,4 +286,4 @@ def from_gguf(meta: Mapping[str, Any], where: str = "model.gguf") -> ModelConfig
 
 
 __all__ = ["ARCHITECTURES", "GGUF_ARCHS", "HF_MODEL_TYPES", "ModelConfig", "RopeConfig", "from_gguf",
-           "from_hf", "unknown_architecture"]
+           "unknown_architecture"]

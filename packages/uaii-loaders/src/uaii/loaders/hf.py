@@ -15,7 +15,12 @@ from typing import Any
 from uaii.ir import FormatError
 
 from .errors import LoaderError
+from .hf_counts import check_counts
 from .safetensors import INDEX_NAME, MAX_HEADER_BYTES, SafetensorsModel, open_safetensors
+
+MAX_CONFIG_BYTES = 16 << 20
+"""config.json, generation_config.json, modules.json: the largest published ones (longrope factor lists, label
+maps) are well under 1 MiB; a document of 100 MB would cost gigabytes of Python objects to parse."""
 
 TOKENIZER_FILES = {
     "tokenizer.json": "tokenizer_json",
@@ -46,11 +51,11 @@ class HFDirectory:
     pooling: str | None = None  # what a sentence-transformers Pooling module asks for; None without one
 
 
-def read_json(path: Path, component: str = "hf") -> Any:
-    """A small JSON document; errors name the file."""
+def read_json(path: Path, component: str = "hf", limit: int = MAX_HEADER_BYTES) -> Any:
+    """A small JSON document of at most ``limit`` bytes; errors name the file."""
     try:
-        if path.stat().st_size > MAX_HEADER_BYTES:
-            raise FormatError(f"{path.name} is larger than {MAX_HEADER_BYTES} bytes", path=str(path),
+        if path.stat().st_size > limit:
+            raise FormatError(f"{path.name} is larger than {limit} bytes", path=str(path),
                               offset=0, component=component)
         return json.loads(path.read_text("utf-8"))
     except OSError as exc:
@@ -103,13 +108,13 @@ def _sentence_pooling(path: Path) -> str | None:
     modules_path = path / "modules.json"
     if not modules_path.is_file():
         return None
-    modules = read_json(modules_path)
+    modules = read_json(modules_path, limit=MAX_CONFIG_BYTES)
     entry = next((m for m in modules if isinstance(m, dict) and m.get("type") == ST_POOLING), None) \
         if isinstance(modules, list) else None
     if entry is None:
         return None
     cfg_path = path / str(entry.get("path") or "1_Pooling") / "config.json"
-    cfg = read_json(cfg_path) if cfg_path.is_file() else {}
+    cfg = read_json(cfg_path, limit=MAX_CONFIG_BYTES) if cfg_path.is_file() else {}
     if not isinstance(cfg, dict):
         raise FormatError("a Pooling config must hold a JSON object", path=str(cfg_path), offset=0, component="hf")
     # a key left out takes sentence-transformers' default: mean pooling and nothing else
@@ -118,19 +123,22 @@ def _sentence_pooling(path: Path) -> str | None:
 
 
 def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
-    """Read a model directory: config, weights (headers only) and the tokenizer files present."""
+    """Read a model directory: config, weights (headers only) and the tokenizer files present. The config's
+    sizes are checked against the tensors here (:mod:`.hf_counts`), before anything is built from them."""
     p = Path(path).resolve()
     if not p.is_dir():
         raise LoaderError(f"{p} is not a directory")
     cfg_path = p / "config.json"
     if not cfg_path.is_file():
         raise LoaderError(f"{p}: no config.json; not a Hugging Face model directory")
-    config = read_json(cfg_path)
+    config = read_json(cfg_path, limit=MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise FormatError("config.json must hold a JSON object", path=str(cfg_path), offset=0, component="hf")
+    weights = _weights(p)
+    check_counts(config, weights.tensors, str(cfg_path))  # before anything is sized by the config
     files = {role: p / name for name, role in TOKENIZER_FILES.items() if (p / name).is_file()}
-    gen = read_json(files["generation_config"]) if "generation_config" in files else {}
-    return HFDirectory(p, config, _weights(p), files, _chat_template(files),
+    gen = read_json(files["generation_config"], limit=MAX_CONFIG_BYTES) if "generation_config" in files else {}
+    return HFDirectory(p, config, weights, files, _chat_template(files),
                        gen if isinstance(gen, dict) else {}, _sentence_pooling(p))
 
 

@@ -1,0 +1,167 @@
+"""A Hugging Face config.json's sizes checked against the checkpoint's tensors, before anything per layer is built.
+
+The HF twin of :mod:`uaii.loaders.gguf_counts`. The normalizer and the builders size loops and tables by the
+config (layers, experts, heads, widths); a config is small and hand-edited, and its numbers used to be trusted:
+``num_hidden_layers: 1e9`` built 7.8 GB of per-layer tuples, a config with fewer layers than the checkpoint
+silently dropped the rest, and a wrong ``vocab_size`` was overridden without a word. Each size a tensor shape
+can confirm is compared with it, on canonical names (:mod:`uaii.loaders.names`), in this order:
+
+* ``num_hidden_layers`` (``n_layer``) = the layers the tensors hold, numbered from 0 without a gap — read raw,
+  before any bound, so that the message says what the checkpoint has;
+* ``num_local_experts`` / ``num_experts`` = the experts of every layer and projection;
+* ``hidden_size`` = the embedding's width, ``vocab_size`` its rows;
+* heads x head size = the rows of every layer's q, k, v (or fused qkv) projection;
+* ``intermediate_size`` (phi3: twice, gate and up fused), ``moe_intermediate_size`` and
+  ``shared_expert_intermediate_size`` = the rows of the up projections;
+* ``n_positions`` / ``max_position_embeddings`` at most the rows of a learned position table (GPT-2, BERT).
+
+Failures are LoaderErrors naming config.json, the key, its value and the tensor that contradicts it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from .config import HF_MODEL_TYPES, _Src
+from .errors import LoaderError
+from .hf_config import Sizes, language_config, sizes
+from .index import TensorInfo
+from .names import hf_to_canonical
+
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
+_MOE = frozenset({"mixtral", "qwen2moe", "qwen3moe"})
+
+
+@dataclass(frozen=True)
+class _T:
+    info: TensorInfo
+    transposed: bool
+
+    @property
+    def rows(self) -> int:
+        """Output features: ``[out, in]``, or ``[in, out]`` for GPT-2's Conv1D."""
+        return self.info.shape[-1] if self.transposed else self.info.shape[0]
+
+    def __str__(self) -> str:
+        return f"{self.info.name!r} has shape {list(self.info.shape)}"
+
+
+def check_counts(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], where: str) -> None:
+    """Fail on the first size in ``config`` that the ``tensors`` (HF names) contradict."""
+    config = language_config(config)
+    arch = HF_MODEL_TYPES.get(str(config.get("model_type", "")))
+    if arch is None:
+        return  # from_hf names the unknown architecture
+    canon: dict[str, _T] = {}
+    for name, info in tensors.items():
+        mapped = hf_to_canonical(name, arch)
+        if mapped is not None:
+            canon[mapped[0]] = _T(info, mapped[1])
+    c = _Counts(_Src(config, where), arch, canon)
+    n_layers = c.layers()
+    c.experts()
+    s = sizes(c.c, arch)  # bounded; the layer count is the checkpoint's now
+    c.embedding(s)
+    c.attention(s, n_layers)
+    c.feed_forward(s, n_layers)
+    c.positions(s)
+
+
+class _Counts:
+    def __init__(self, c: _Src, arch: str, canon: dict[str, _T]) -> None:
+        self.c, self.arch, self.canon = c, arch, canon
+
+    def count(self, key: str) -> int | None:
+        """An integral number (JSON may write 1e9 as a float); anything else is left for from_hf to report."""
+        v = self.c.raw(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v):
+            return None
+        return int(v)
+
+    def fail(self, key: str, value: Any, found: str) -> NoReturn:
+        raise LoaderError(f"{self.c.where}: {key} = {value}, but {found}")
+
+    def layers(self) -> int:
+        key = "n_layer" if self.arch == "gpt2" else "num_hidden_layers"
+        n = self.count(key)
+        found = sorted({int(m.group(1)) for name in self.canon if (m := _LAYER.match(name))})
+        if n is None:
+            return len(found)
+        if n != len(found) or (found and found[-1] + 1 != len(found)):
+            gap = next((i for i, layer in enumerate(found) if i != layer), None)
+            self.fail(key, n, f"the checkpoint holds {len(found)} layers"
+                      + (f" (numbered 0 to {found[-1]})" if gap is None and found else "")
+                      + (f" (layer {gap} has no tensors)" if gap is not None else ""))
+        return n
+
+    def experts(self) -> None:
+        if self.arch not in _MOE:
+            return
+        key = "num_local_experts" if self.c.raw("num_local_experts") is not None else "num_experts"
+        n = self.count(key)
+        if n is None:
+            return
+        per: dict[tuple[int, str], int] = {}
+        for name in self.canon:
+            if m := _EXPERT.match(name):
+                where = (int(m.group(1)), m.group(2))
+                per[where] = max(per.get(where, 0), int(m.group(3)) + 1)
+        if not per:
+            self.fail(key, n, "the checkpoint holds no expert tensors (mlp.experts.E.*)")
+        for (layer, proj), count in sorted(per.items()):
+            if count != n:
+                self.fail(key, n, f"the checkpoint holds {count} experts (layer {layer}, {proj} projection)")
+
+    def embedding(self, s: Sizes) -> None:
+        emb = self.canon.get("token_embd.weight")
+        if emb is None or len(emb.info.shape) != 2:
+            return  # the builder names the missing tensor
+        rows, width = emb.info.shape
+        if width != s.d_model:
+            self.fail(s.keys["d_model"], s.d_model, str(emb))
+        vocab = self.count("vocab_size")
+        if vocab is not None and vocab != rows:
+            self.fail("vocab_size", vocab, f"the embedding {emb.info.name!r} holds {rows} rows")
+
+    def attention(self, s: Sizes, n_layers: int) -> None:
+        k, hd = s.keys, s.head_dim
+        size = f"{k['head_dim']} {hd}"
+        want = {"attn_q": (k["n_heads"], s.n_heads, s.n_heads * hd, f"{k['n_heads']} {s.n_heads} x {size}"),
+                "attn_k": (k["n_kv_heads"], s.n_kv_heads, s.n_kv_heads * hd,
+                           f"{k['n_kv_heads']} {s.n_kv_heads} x {size}"),
+                "attn_v": (k["n_kv_heads"], s.n_kv_heads, s.n_kv_heads * hd,
+                           f"{k['n_kv_heads']} {s.n_kv_heads} x {size}"),
+                "attn_qkv": (k["n_heads"], s.n_heads, (s.n_heads + 2 * s.n_kv_heads) * hd,
+                             f"({k['n_heads']} {s.n_heads} + 2 x {k['n_kv_heads']} {s.n_kv_heads}) x {size}")}
+        for i in range(n_layers):
+            for proj, (key, value, rows, why) in want.items():
+                t = self.canon.get(f"blk.{i}.{proj}.weight")
+                if t is not None and t.rows != rows:
+                    self.fail(key, value, f"{t}, not {rows} rows ({why})")
+
+    def feed_forward(self, s: Sizes, n_layers: int) -> None:
+        fused = self.arch == "phi3"  # gate_up_proj: [gate; up]
+        dense = ("ffn_up", s.keys["d_ff"], s.d_ff, 2 * s.d_ff if fused else s.d_ff)
+        expert_key = "intermediate_size" if self.arch == "mixtral" else "moe_intermediate_size"
+        expert = self.count(expert_key)
+        shared = self.count("shared_expert_intermediate_size")
+        for i in range(n_layers):
+            for name, key, value, rows in (dense, ("ffn_up.0", expert_key, expert, expert),
+                                           ("ffn_up_shexp", "shared_expert_intermediate_size", shared, shared)):
+                t = self.canon.get(f"blk.{i}.{name}.weight")
+                if value and t is not None and t.rows != rows:
+                    why = " (gate and up fused)" if fused and name == "ffn_up" else ""
+                    self.fail(key, value, f"{t}, not {rows} rows{why}")
+
+    def positions(self, s: Sizes) -> None:
+        pos = self.canon.get("position_embd.weight")
+        if pos is not None and s.context > pos.info.shape[0]:
+            self.fail(s.keys["context"], s.context, f"{pos}: one row per position")
+
+
+__all__ = ["check_counts"]
