@@ -69,24 +69,42 @@ class Diagnostic:
 
 
 class ValidationError(UaiiError):
-    """A graph failed validation; ``diagnostics`` holds every problem found."""
+    """A graph failed validation; ``diagnostics`` holds every problem found.
+
+    The message is one header line (the file when known, the graph, the count) and one indented line per
+    diagnostic — its code, node and op, without the prefix and graph name the header already gives — capped at
+    ``MAX_LISTED`` lines and ``... and K more``: a broken builder produces hundreds of diagnostics, and a
+    reader needs the first few, not 3 KB on one line.
+    """
 
     component = "validate"
-    MAX_LISTED = 20
+    MAX_LISTED = 10
 
-    def __init__(self, graph: str, diagnostics: Sequence[Diagnostic]) -> None:
+    def __init__(self, graph: str, diagnostics: Sequence[Diagnostic], source: str | None = None) -> None:
         self.graph = graph
         self.diagnostics = tuple(diagnostics)
+        self.source = source
         n = len(self.diagnostics)
-        lines = [f"graph {graph!r} failed validation with {n} problem{'s' if n != 1 else ''}:"]
-        lines += [f"  {d.message}" for d in self.diagnostics[: self.MAX_LISTED]]
+        where = f"{source}: " if source else ""
+        lines = [f"{where}graph {graph!r} failed validation with {n} problem{'s' if n != 1 else ''}:"]
+        lines += [f"  {_listed(d)}" for d in self.diagnostics[: self.MAX_LISTED]]
         if n > self.MAX_LISTED:
             lines.append(f"  ... and {n - self.MAX_LISTED} more")
         super().__init__("\n".join(lines))
 
+    def with_source(self, source: str) -> ValidationError:
+        """The same error naming the file the graph came from (the validator sees only the graph)."""
+        return type(self)(self.graph, self.diagnostics, source)
+
     @property
     def codes(self) -> set[str]:
         return {d.code for d in self.diagnostics}
+
+
+def _listed(d: Diagnostic) -> str:
+    """``[shape] node 6 'blk.0.k' (Reshape): ...`` — the message without what the error's header says."""
+    text = d.message.removeprefix(f"[{ValidationError.component}] ").replace(f" in graph {d.graph!r}", "", 1)
+    return f"[{d.code}] {text}"
 
 
 class _Checker:

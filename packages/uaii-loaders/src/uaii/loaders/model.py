@@ -2,7 +2,8 @@
 
 Loaders are plugins: every loader, the built-in ones included, is found through the entry-point group
 ``uaii.loaders`` (declared in uaii-loaders' pyproject). An entry point names an object with a ``name``, a
-``priority`` (higher is asked first), ``detect(path) -> bool`` and ``load(path, **options) -> LoadedModel``.
+``priority`` (higher is asked first), ``detect(path) -> bool`` and ``load(path, **options) -> LoadedModel``, and
+optionally ``explain(path) -> Mismatch``: why it does not open a path its ``detect`` refused (see :mod:`.detect`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 from uaii.ir import Graph, UaiiError
 
 from .arch import build_graph
-from .config import ModelConfig, from_gguf, from_hf
+from .config import ModelConfig, from_gguf
+from .detect import Mismatch, explain_gguf, explain_hf, is_first_shard, unrecognized
 from .errors import LoaderError
 from .gguf import GGUFFile, is_gguf, open_gguf
+from .gguf_counts import check_counts
 from .hf import HFDirectory, is_hf_directory, open_hf_directory
+from .hf_config import from_hf
 from .index import WeightIndex
 from .safetensors import INDEX_NAME
 from .weights import WeightSet
@@ -70,15 +74,23 @@ def _finish(path: Path, base_dir: Path, fmt: str, cfg: ModelConfig, ws: WeightSe
     cfg = _reconcile(cfg, ws)
     graph = build_graph(cfg, ws, name=name)
     if validate:
-        check_graph(graph)
+        check_graph(graph, source=str(path))
     return LoadedModel(path, base_dir, fmt, cfg, graph, ws.index, **kw)
 
 
-def check_graph(graph: Graph) -> None:
-    """Run the uaii-ir validator; a graph with any diagnostic is an error (builders must produce clean IR)."""
-    from uaii.ir.validator import check  # the validator lives in uaii-ir
+def check_graph(graph: Graph, source: str | None = None) -> None:
+    """Run the uaii-ir validator; a graph with any diagnostic is an error (builders must produce clean IR).
 
-    check(graph)
+    ``source``: the model file or directory, named in the error (the validator only sees the graph).
+    """
+    from uaii.ir.validator import ValidationError, check  # the validator lives in uaii-ir
+
+    try:
+        check(graph)
+    except ValidationError as exc:
+        if source is None:
+            raise
+        raise exc.with_source(source) from None
 
 
 # --- built-in loaders ---------------------------------------------------------------------------------------
@@ -86,8 +98,7 @@ def _single_gguf(path: Path) -> Path | None:
     if path.is_file():
         return path if is_gguf(path) else None
     if path.is_dir():
-        found = sorted(p for p in path.glob("*.gguf") if is_gguf(p))
-        firsts = [p for p in found if "-of-" not in p.name or p.name.split("-of-")[0].endswith("-00001")]
+        firsts = sorted(p for p in path.glob("*.gguf") if is_gguf(p) and is_first_shard(p))
         return firsts[0] if len(firsts) == 1 else None
     return None
 
@@ -99,12 +110,16 @@ class GGUFLoader:
     def detect(self, path: Path) -> bool:
         return _single_gguf(path) is not None and not (path.is_dir() and is_hf_directory(path))
 
+    def explain(self, path: Path) -> Mismatch:
+        return explain_gguf(path)
+
     def load(self, path: Path, *, validate: bool = True, **_: Any) -> LoadedModel:
         file = _single_gguf(path)
         if file is None:
             raise LoaderError(f"{path}: no GGUF file found")
         g: GGUFFile = open_gguf(file)
         g.check_supported()
+        check_counts(g.metadata, g.tensors, g.path.name)  # before anything is sized by a count
         cfg = from_gguf(g.metadata, where=g.path.name)
         ws = WeightSet.from_gguf(WeightIndex(g.path.parent), g.tensors.values(), g.path.name)
         tpl = g.get("tokenizer.chat_template")
@@ -122,6 +137,9 @@ class HFLoader:
         if path.is_dir():
             return is_hf_directory(path)
         return (path.suffix == ".safetensors" or path.name == INDEX_NAME) and is_hf_directory(path.parent)
+
+    def explain(self, path: Path) -> Mismatch:
+        return explain_hf(path)
 
     def load(self, path: Path, *, validate: bool = True, **_: Any) -> LoadedModel:
         directory = path if path.is_dir() else path.parent
@@ -159,18 +177,20 @@ def loaders() -> list[Loader]:
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
-    """The name of the loader that would open ``path``."""
+    """The name of the loader that would open ``path``; else the error of the loader whose format the path's
+    extension or content is, or every loader's reason (:mod:`.detect`)."""
     p = Path(path)
     if not p.exists():
         raise LoaderError(f"{p} does not exist")
-    for ld in loaders():
+    found = loaders()
+    for ld in found:
         if ld.detect(p):
             return ld.name
     kind = _NOT_BUILT.get(p.suffix.lower())
     if kind is not None:
         raise LoaderError(f"{p}: {kind} files have no loader in this installation; supported: GGUF files and "
                           "Hugging Face directories (config.json + safetensors)")
-    raise LoaderError(f"{p}: format not recognized (tried loaders: {', '.join(ld.name for ld in loaders())})")
+    raise unrecognized(p, found)
 
 
 def load_model(path: str | os.PathLike[str], *, format: str | None = None, validate: bool = True,
