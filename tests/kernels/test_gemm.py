@@ -158,9 +158,9 @@ def test_weight_checks() -> None:
 def test_paths() -> None:
     assert K.gemm_path("q4_0") == "int8-dot"
     assert K.gemm_path("q4_k") == "int8-dot"
-    assert K.gemm_path("q2_k") == "int8-dot/dequant-f32"
+    assert K.gemm_path("q2_k") == "int8-dot"          # batches too: they must sum as the decode rows do
     assert K.gemm_path("f16") == "float"
-    assert DType.Q2_K not in K.FAST_TYPES
+    assert K.FAST_TYPES == K.DEQUANT_TYPES
     with pytest.raises(UnsupportedDType):
         K.gemm_path("iq1_s")
 

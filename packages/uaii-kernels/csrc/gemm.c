@@ -4,12 +4,16 @@
  * chunks would restart them every few KiB) and then helps with the others' shares, so a descheduled thread on a
  * busy machine costs at most the chunk it holds. Paths:
  *   int:   activations quantized to 32-blocks (uk_quantize_act); decode rows use the direct per-type dot kernels
- *          (or, where the ISA has them, the wide GEMV kernels on an activation row rearranged once per call),
- *          larger batches repack a chunk of weight rows into the tile form (repack.c) once and run the tile kernel
- *          over every activation row, so the packed weight is read once per call.
- *   float: F32 rows are used in place, F16/BF16 chunks are widened to f32, then the f32 tile kernel.
- *   f32 fallback (mode 1, and batches of types without a tile form, Q2_K): dequantize a chunk of rows, then the
- *          f32 tile kernel. */
+ *          (or, where the ISA has them, the wide GEMV kernels on an activation row rearranged once per call).
+ *          Batches compute every (weight row, activation row) pair with the same float operations in the same
+ *          order as a decode row, so that prefill and decode give the same bits (a model amplifies a last-bit
+ *          difference layer by layer through its activation quantizers): the wide GEMV kernels run once per
+ *          activation row; types with a direct dot pack a chunk of weight rows into the 8-block form
+ *          (x86_pack8.inc) once and run tile8 over every activation row, which repeats the dot's sums; the
+ *          others (scalar, NEON) repack the chunk into the tile form (repack.c), which decode rows use too.
+ *   float: F32 rows are used in place and F16/BF16 rows widened in registers (tileh) or by chunks, then the f32
+ *          tile kernel, for decode rows and batches alike.
+ *   f32 (mode 1): dequantize a chunk of rows, then the f32 tile kernel. */
 #include <stdatomic.h>
 
 #include "uk_internal.h"
@@ -38,50 +42,66 @@ typedef struct {
     float *ad, *as;
     uint8_t *prep;          /* wide GEMV: the rearranged activation rows, prep_stride bytes apart; else NULL */
     int64_t prep_stride;
+    uint8_t *a8;            /* tile8 batches: the activation rows in the 8-block form, a8_stride bytes apart */
+    int64_t a8_stride;
     int64_t chunk, n_chunks;
     int n_shares;
     share_t shares[MAX_SHARES];
     _Atomic int failed;
 } gemm_ctx;
 
+/* the integer path of one chunk of nr weight rows */
+static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float *y) {
+    const int64_t k = c->k, nb = c->nb, m = c->m;
+    const int decode = m <= GEMV_MAX_M;
+    if (c->prep) {                                /* wide GEMV types: every pair as a decode row sums it */
+        if (!decode && uk_kt.gemmw[c->type]) {
+            uk_kt.gemmw[c->type](k, w, c->row_bytes, nr, m, c->prep, c->prep_stride, y, c->ldy);
+            return;
+        }
+        for (int64_t j = 0; j < m; j++)
+            uk_kt.dotw[c->type](k, w, c->row_bytes, nr, c->prep + j * c->prep_stride, y + j * c->ldy);
+        return;
+    }
+    uk_dotq_fn dot = uk_kt.dotq[c->type];
+    if (dot && (decode || !uk_kt.pack8[c->type])) {   /* decode rows; batches of a dot with no 8-block form */
+        for (int64_t i = 0; i < nr; i++)
+            for (int64_t j = 0; j < m; j++)
+                y[j * c->ldy + i] = dot(k, w + i * c->row_bytes, c->aq + j * k, c->ad + j * nb, c->as + j * nb);
+        return;
+    }
+    if (dot) {                                    /* batches in the order of the dot (tile8) */
+        const int64_t ws = (nb + 7) / 8 * UK_G8_BYTES;
+        uint8_t *p = uk_scratch(ith, (size_t)(nr * ws));
+        if (!p) { atomic_store(&c->failed, 1); return; }
+        memset(p, 0, (size_t)(nr * ws));
+        for (int64_t i = 0; i < nr; i++) uk_kt.pack8[c->type](w + i * c->row_bytes, nb, p + i * ws);
+        uk_kt.tile8(nb, uk_kt.flags8[c->type], (int)nr, (int)m, p, ws, c->a8, c->a8_stride, y, c->ldy);
+        return;
+    }
+    uint8_t *q = uk_scratch(ith, (size_t)nr * (size_t)(k + 12 * nb) + 64);   /* the tile form, all rows */
+    if (!q) { atomic_store(&c->failed, 1); return; }
+    float *sc = (float *)(q + nr * k), *mn = sc + nr * 2 * nb;
+    const int64_t blocks_per_row = k / c->tr->elems;
+    for (int64_t i = 0; i < nr; i++)
+        c->tr->repack(w + i * c->row_bytes, blocks_per_row, q + i * k, sc + i * 2 * nb, mn + i * nb);
+    uk_kt.tileq(k, (int)nr, (int)m, c->tr->repack_signed, q, sc, mn, c->aq, c->ad, c->as, y, c->ldy);
+}
+
 static void process_chunk(gemm_ctx *c, int ith, int64_t i0, int64_t nr) {
-    const int64_t k = c->k, nb = c->nb;
+    const int64_t k = c->k;
     const uint8_t *w = c->w + i0 * c->row_bytes;
     float *y = c->y + i0;
     if (c->path == PATH_INT) {
-        if (c->prep) {
-            for (int64_t j = 0; j < c->m; j++)
-                uk_kt.dotw[c->type](k, w, c->row_bytes, nr, c->prep + j * c->prep_stride, y + j * c->ldy);
-            return;
-        }
-        uk_dotq_fn dot = uk_kt.dotq[c->type];
-        if (dot && c->m <= GEMV_MAX_M) {
-            for (int64_t i = 0; i < nr; i++)
-                for (int64_t j = 0; j < c->m; j++)
-                    y[j * c->ldy + i] = dot(k, w + i * c->row_bytes, c->aq + j * k, c->ad + j * nb, c->as + j * nb);
-            return;
-        }
-        uint8_t *q = uk_scratch(ith, (size_t)nr * (size_t)(k + 12 * nb) + 64);
-        if (!q) { atomic_store(&c->failed, 1); return; }
-        float *sc = (float *)(q + nr * k), *mn = sc + nr * 2 * nb;
-        const int64_t blocks_per_row = k / c->tr->elems;
-        for (int64_t i = 0; i < nr; i++)
-            c->tr->repack(w + i * c->row_bytes, blocks_per_row, q + i * k, sc + i * 2 * nb, mn + i * nb);
-        uk_kt.tileq(k, (int)nr, (int)c->m, c->tr->repack_signed, q, sc, mn, c->aq, c->ad, c->as, y, c->ldy);
+        int_chunk(c, ith, w, nr, y);
         return;
     }
-    if (c->type == T_F32 && c->path == PATH_FLOAT) {
-        if (c->m <= GEMV_MAX_M) {
-            for (int64_t i = 0; i < nr; i++)
-                for (int64_t j = 0; j < c->m; j++) y[j * c->ldy + i] = uk_kt.dotf[T_F32](k, w + i * c->row_bytes, c->x + j * c->ldx);
-            return;
-        }
+    if (c->path == PATH_FLOAT && c->type == T_F32) {
         uk_kt.tilef(k, (int)nr, (int)c->m, (const float *)w, k, c->x, c->ldx, y, c->ldy);
         return;
     }
-    if (c->path == PATH_FLOAT && c->m <= GEMV_MAX_M) {                  /* F16 / BF16 decode */
-        for (int64_t i = 0; i < nr; i++)
-            for (int64_t j = 0; j < c->m; j++) y[j * c->ldy + i] = uk_kt.dotf[c->type](k, w + i * c->row_bytes, c->x + j * c->ldx);
+    if (c->path == PATH_FLOAT && uk_kt.tileh) {
+        uk_kt.tileh(c->type, k, (int)nr, (int)c->m, (const uint16_t *)w, k, c->x, c->ldx, y, c->ldy);
         return;
     }
     float *wf = uk_scratch(ith, (size_t)nr * (size_t)k * sizeof(float));   /* widen / dequantize the chunk */
@@ -105,30 +125,63 @@ static void gemm_task(void *arg, int ith, int nth) {
     }
 }
 
-typedef struct {
-    const float *x;
-    int64_t ldx, k, nb, m;
-    int8_t *aq;
-    float *ad, *as;
-    _Atomic int64_t next;
-} qact_ctx;
+/* activation row j: quantized, then rearranged for the wide GEMV or the 8-block form where the call uses them */
+static void prep_row(gemm_ctx *c, int64_t j) {
+    const int64_t k = c->k, nb = c->nb;
+    int8_t *aq = c->aq + j * k;
+    float *ad = c->ad + j * nb, *as = c->as + j * nb;
+    uk_kt.quant_act(c->x + j * c->ldx, k, aq, ad, as);
+    if (c->prep) uk_kt.gprep[c->type](k, aq, ad, as, c->prep + j * c->prep_stride);
+    if (c->a8) uk_aprep8(k, aq, ad, as, c->a8 + j * c->a8_stride);
+}
 
-static void qact_task(void *arg, int ith, int nth) {
+typedef struct {
+    gemm_ctx *c;
+    _Atomic int64_t next;
+} prep_ctx;
+
+static void prep_task(void *arg, int ith, int nth) {
     (void)ith; (void)nth;
-    qact_ctx *c = arg;
+    prep_ctx *p = arg;
     for (;;) {
-        const int64_t j = atomic_fetch_add(&c->next, 1);
-        if (j >= c->m) break;
-        uk_kt.quant_act(c->x + j * c->ldx, c->k, c->aq + j * c->k, c->ad + j * c->nb, c->as + j * c->nb);
+        const int64_t j = atomic_fetch_add(&p->next, 1);
+        if (j >= p->c->m) break;
+        prep_row(p->c, j);
     }
+}
+
+/* scratch for the activation rows of an integer-path call: quantized, and rearranged where needed */
+static int prep_activations(gemm_ctx *c, int nthreads) {
+    const int64_t m = c->m, k = c->k, nb = c->nb;
+    int8_t *aq = uk_scratch(UK_SLOT_SHARED, (size_t)m * (size_t)(k + 8 * nb) + 64);
+    if (!aq) return UK_E_NOMEM;
+    c->aq = aq;
+    c->ad = (float *)(aq + m * k + (64 - (m * k) % 64) % 64);
+    c->as = c->ad + m * nb;
+    if (uk_kt.dotw[c->type]) {                        /* decode rows and batches (see int_chunk) */
+        c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
+        c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));
+        if (!c->prep) return UK_E_NOMEM;
+    } else if (m > GEMV_MAX_M && uk_kt.dotq[c->type] && uk_kt.pack8[c->type]) {
+        c->a8_stride = (nb + 7) / 8 * UK_A8_BYTES;
+        c->a8 = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->a8_stride));
+        if (!c->a8) return UK_E_NOMEM;
+    }
+    if (m * k < 65536) {
+        for (int64_t j = 0; j < m; j++) prep_row(c, j);
+    } else {
+        prep_ctx p = {.c = c};
+        atomic_init(&p.next, 0);
+        uk_parallel_run(prep_task, &p, (int)UK_MIN((int64_t)nthreads, m));
+    }
+    return UK_OK;
 }
 
 int uk_gemm_path(int type) {
     uk_init();
     const uk_traits_t *tr = uk_traits(type);
     if (!tr) return 0;
-    if (tr->repack || type == T_F32 || type == T_F16 || type == T_BF16) return 2;
-    return uk_kt.dotq[type] ? 3 : 1;
+    return tr->repack || uk_kt.dotq[type] || type == T_F32 || type == T_F16 || type == T_BF16 ? 2 : 1;
 }
 
 int uk_quantize_act(const float *x, int64_t k, int8_t *q, float *d, float *s) {
@@ -150,7 +203,7 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     c.row_bytes = k / tr->elems * tr->bytes;
     const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
     if (plain) c.path = (mode == 1 && type != T_F32) ? PATH_DEQUANT : PATH_FLOAT;
-    else if (mode == 0 && (tr->repack || (m <= GEMV_MAX_M && uk_kt.dotq[type]))) c.path = PATH_INT;
+    else if (mode == 0 && (tr->repack || uk_kt.dotq[type])) c.path = PATH_INT;
     else c.path = PATH_DEQUANT;
     const int nthreads = uk_get_num_threads();
     if (m <= GEMV_MAX_M) {                    /* decode: enough chunks to balance, at least 8 rows each */
@@ -169,27 +222,7 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     }
     int rc = UK_OK;
     uk_parallel_begin();
-    if (c.path == PATH_INT) {
-        const int64_t nb = c.nb;
-        int8_t *aq = uk_scratch(UK_SLOT_SHARED, (size_t)m * (size_t)(k + 8 * nb) + 64);
-        if (!aq) { rc = UK_E_NOMEM; goto done; }
-        c.aq = aq;
-        c.ad = (float *)(aq + m * k + (64 - (m * k) % 64) % 64);
-        c.as = c.ad + m * nb;
-        if (m * k < 65536) {
-            for (int64_t j = 0; j < m; j++) uk_kt.quant_act(x + j * ldx, k, aq + j * k, c.ad + j * nb, c.as + j * nb);
-        } else {
-            qact_ctx q = {.x = x, .ldx = ldx, .k = k, .nb = nb, .m = m, .aq = aq, .ad = c.ad, .as = c.as};
-            uk_parallel_run(qact_task, &q, (int)UK_MIN((int64_t)nthreads, m));
-        }
-        if (m <= GEMV_MAX_M && uk_kt.dotw[type]) {
-            c.prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
-            c.prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c.prep_stride));
-            if (!c.prep) { rc = UK_E_NOMEM; goto done; }
-            for (int64_t j = 0; j < m; j++)
-                uk_kt.gprep[type](k, aq + j * k, c.ad + j * nb, c.as + j * nb, c.prep + j * c.prep_stride);
-        }
-    }
+    if (c.path == PATH_INT && (rc = prep_activations(&c, nthreads)) != UK_OK) goto done;
     uk_parallel_run(gemm_task, &c, tasks);
     if (atomic_load(&c.failed)) rc = UK_E_NOMEM;
 done:

@@ -9,24 +9,6 @@ static float dotf_f32(int64_t k, const void *w, const float *x) {
     return s;
 }
 
-static float dotf_f16(int64_t k, const void *w, const float *x) {
-    const uk_half *a = w;
-    float s = 0.0f;
-    for (int64_t i = 0; i < k; i++) s += uk_h(a + i) * x[i];
-    return s;
-}
-
-static float dotf_bf16(int64_t k, const void *w, const float *x) {
-    const uint8_t *a = w;
-    float s = 0.0f;
-    for (int64_t i = 0; i < k; i++) {
-        uint16_t h;
-        memcpy(&h, a + 2 * i, 2);
-        s += uk_bf16_to_fp32(h) * x[i];
-    }
-    return s;
-}
-
 static void tileq_ref(int64_t k, int nr, int mr, int sign, const uint8_t *wq, const float *wsc, const float *wmn,
                       const int8_t *aq, const float *ad, const float *as, float *y, int64_t ldy) {
     const int64_t nb = k / QK;
@@ -90,9 +72,6 @@ void uk_fill_scalar(uk_kernel_table *t) {
         if (tr) t->dequant[type] = tr->dequant;
     }
     t->dotq[T_Q2_K] = dotq_q2_k_ref;
-    t->dotf[T_F32] = dotf_f32;
-    t->dotf[T_F16] = dotf_f16;
-    t->dotf[T_BF16] = dotf_bf16;
     t->quant_act = uk_q8a_ref;
     t->tileq = tileq_ref;
     t->tilef = tilef_ref;

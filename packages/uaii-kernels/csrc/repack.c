@@ -183,3 +183,29 @@ void uk_repack_q3_k(const void *src, int64_t nb, uint8_t *q, float *sc, float *m
         }
     }
 }
+
+/* A quantized activation row (uk_quantize_act) in the 8-block form (uk_internal.h): per group of 8 blocks, the
+   slices, then d, s and the int32 sums of values 0..15 and 16..31 of each block; the last group zero-padded, and
+   in 4 slices when it holds 1-4 blocks. */
+void uk_aprep8(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out) {
+    const int64_t nb = k / QK;
+    memset(out, 0, (size_t)((nb + 7) / 8) * UK_A8_BYTES);
+    for (int64_t b = 0; b < nb; b++, aq += QK) {
+        uint8_t *g = out + (b / 8) * UK_A8_BYTES;
+        const int l = (int)(b % 8);
+        if (nb - (b - l) <= 4) {              /* a last group of 1-4 blocks: 4 slices (x86_pack8.inc) */
+            for (int t = 0; t < 4; t++) {
+                memcpy(g + 32 * t + 4 * l, aq + 4 * t, 4);
+                memcpy(g + 32 * t + 16 + 4 * l, aq + 16 + 4 * t, 4);
+            }
+        } else {
+            for (int s = 0; s < 8; s++) memcpy(g + 32 * s + 4 * l, aq + 4 * s, 4);
+        }
+        int32_t sum[2] = {0, 0};
+        for (int t = 0; t < 16; t++) { sum[0] += aq[t]; sum[1] += aq[16 + t]; }
+        memcpy(g + 256 + 4 * l, &ad[b], 4);
+        memcpy(g + 288 + 4 * l, &as[b], 4);
+        memcpy(g + 320 + 4 * l, &sum[0], 4);
+        memcpy(g + 352 + 4 * l, &sum[1], 4);
+    }
+}

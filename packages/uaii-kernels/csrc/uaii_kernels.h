@@ -62,11 +62,12 @@ int uk_copy(void *dst, const void *src, int64_t n);
 int uk_quantize_act(const float *x, int64_t k, int8_t *q, float *d, float *s);
 
 /* --- y = x . W^T -------------------------------------------------------------------------------------------- */
-/* 2: integer (Q8 activation) fast path or native float path, 1: dequantize-rows-then-f32-dot path, 3: integer
-   dots for decode rows, the f32 path for batches (Q2_K on x86), 0: none. Depends on the current ISA. */
+/* 2: integer (Q8 activation) fast path or native float path, 1: dequantize-rows-then-f32-dot path, 0: none
+   (3, integer decode rows and f32 batches, is no longer returned: batches sum exactly as decode rows do). */
 int uk_gemm_path(int type);
 /* W [n, k] of `type` stays packed; x [m, k] f32 with row stride ldx; y [m, n] f32 with row stride ldy.
-   mode 0: the fastest path for the type; mode 1: always dequantize weight rows to f32 and use f32 dots. */
+   mode 0: the fastest path for the type; mode 1: always dequantize weight rows to f32 and use f32 dots.
+   In both modes row j of y has the same bits whatever m and the thread count (prefill and decode agree). */
 int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
             float *y, int64_t ldy, int mode);
 

@@ -141,11 +141,11 @@ typedef struct {
 
 const uk_traits_t *uk_traits(int type);      /* NULL for an unknown or unsupported type */
 void uk_q8a_ref(const float *x, int64_t k, int8_t *q, float *d, float *s);
+void uk_aprep8(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);   /* repack.c */
 
 /* --- kernel table, filled per ISA --------------------------------------------------------------------------- */
 /* direct integer GEMV: one weight row . quantized activation row */
 typedef float (*uk_dotq_fn)(int64_t k, const void *w, const int8_t *aq, const float *ad, const float *as);
-typedef float (*uk_dotf_fn)(int64_t k, const void *w, const float *x);
 /* wide GEMV (x86_gemv512.inc): the quantized activation row rearranged once per call by gprep into at most
    UK_GPREP_BYTES(k) bytes (64-byte aligned), then dotw per weight row */
 typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);
@@ -162,15 +162,51 @@ typedef void (*uk_tileq_fn)(int64_t k, int nr, int mr, int sign, const uint8_t *
 typedef void (*uk_tilef_fn)(int64_t k, int nr, int mr, const float *w, int64_t ldw, const float *x, int64_t ldx,
                             float *y, int64_t ldy);
 
+/* The 8-block form of the x86 batch kernels (x86_pack8.inc, x86_gemm.inc). Why it exists: a model quantizes every
+   layer's activations, so a last-bit difference between the batch (prefill) and the decode kernels grows layer by
+   layer into visibly different logits; the batch kernels must therefore sum in exactly the decode kernels' order
+   (x86_gemv.inc: the integer dots of 8 blocks as one vector of 8 lanes, one multiply-add per 8 blocks, blocks past
+   the last group of 8 one by one). Integer sums are exact in any order, so the weight bytes are only rearranged for
+   the batch kernel: per weight row and group of 8 blocks of 32 values (the last group zero-padded; with 1-4 blocks
+   only 4 slices, each holding words t and t + 4), 8 slices of 32 bytes (slice s, 4-byte lane l: values 4s..4s+3
+   of block l, so 8 VPDPBUSD leave block l's dot in lane l), then
+   per block: sw (its scale), mw (its min term: added as mw * s_a, or for Q2_K as mw * d_a * integer mins), two int32
+   sub-scales (values 0..15, 16..31) and two int32 mins (Q2_K). Signed values are stored + 128 on VNNI ISAs (the
+   offset is taken out through the start value of the dot: -128 * the activation sum). The activation rows get the
+   same slices, then d_a, s_a and the two int32 sums of values 0..15 and 16..31 of each block. */
+#define UK_G8_BYTES 448        /* 256 + 8 * (sw, mw, sub0, sub1, min0, min1) */
+#define UK_A8_BYTES 384        /* 256 + 8 * (d, s, sum0, sum1) */
+#define UK_G8_SIGNED 1         /* values are signed */
+#define UK_G8_SUB 2            /* integer sub-scales per 16 values */
+#define UK_G8_FMIN 4           /* min term mw * s_a (Q4_1, Q5_1, the -8/-16 offsets of Q4_0/Q5_0, Q4_K, Q5_K) */
+#define UK_G8_IMIN 8           /* min term mw * d_a * (min0 * sum0 + min1 * sum1) (Q2_K) */
+/* one weight row of nb 32-blocks in the 8-block form (out: ceil(nb / 8) groups, zeroed by the caller) */
+typedef void (*uk_pack8_fn)(const void *src, int64_t nb, uint8_t *out);
+/* y[j*ldy + i] = w_i . a_j for nr packed weight rows (row stride ws bytes) and mr prepared activation rows (as) */
+typedef void (*uk_tile8_fn)(int64_t nb, int flags, int nr, int mr, const uint8_t *w, int64_t ws, const uint8_t *a,
+                            int64_t as, float *y, int64_t ldy);
+/* y[j*ldy + i] = w_i . x_j for F16 / BF16 rows (ldw elements apart): the bits of widening to f32, then tilef */
+typedef void (*uk_tileh_fn)(int type, int64_t k, int nr, int mr, const uint16_t *w, int64_t ldw, const float *x,
+                            int64_t ldx, float *y, int64_t ldy);
+
 typedef struct {
     uk_rows_fn dequant[UK_NTYPES];
     uk_dotq_fn dotq[UK_NTYPES];      /* NULL: repack the row and use tileq */
-    uk_dotf_fn dotf[UK_NTYPES];      /* F32, F16, BF16 weights */
     uk_gprep_fn gprep[UK_NTYPES];    /* with dotw: preferred over dotq for decode rows; NULL: none */
     uk_dotw_fn dotw[UK_NTYPES];
     uk_qact_fn quant_act;
     uk_tileq_fn tileq;
     uk_tilef_fn tilef;
+    uk_tileh_fn tileh;               /* NULL: widen a chunk, then tilef */
+    /* batches in the decode kernels' summation order (see the 8-block form); NULL where decode and batches share
+       one kernel anyway (scalar, NEON: the tile) */
+    uk_pack8_fn pack8[UK_NTYPES];
+    int flags8[UK_NTYPES];
+    uk_tile8_fn tile8;
+    /* wide GEMV types: nr weight rows against mr prepared activation rows (prep_stride bytes apart), each pair
+       summed exactly as dotw sums it; NULL: dotw once per activation row */
+    void (*gemmw[UK_NTYPES])(int64_t k, const uint8_t *w, int64_t row_bytes, int64_t nr, int64_t mr,
+                             const uint8_t *prep, int64_t prep_stride, float *y, int64_t ldy);
     /* operators (ops_impl.inc) */
     float (*dot_f32)(int64_t n, const float *a, const float *b);
     float (*dot_f16)(int64_t n, const float *a, const uint16_t *b);

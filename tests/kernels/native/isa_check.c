@@ -57,6 +57,21 @@ static double rel_err(const float *a, const float *b, int64_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* a batch of M activation rows gives, row for row, the bits of one row at a time (prefill and decode agree: the
+   batch kernels sum as the decode kernels do; see test_batch_matches_decode.py for why bits) */
+static void check_rows(const char *isa, const tdesc *td, const uint8_t *w, const float *x, int64_t n, int64_t k,
+                       int64_t m, float *yb, float *yr) {
+    uk_gemm(td->type, w, n, k, x, m, k, yb, n, 0);
+    for (int64_t j = 0; j < m; j++) {
+        uk_gemm(td->type, w, n, k, x + j * k, 1, k, yr, n, 0);
+        if (memcmp(yb + j * n, yr, sizeof(float) * (size_t)n)) {
+            fail(isa, k == 512 ? "batch rows != decode rows (k 512)" : "batch rows != decode rows (k 352)",
+                 td->type, 1);
+            return;
+        }
+    }
+}
+
 int main(void) {
     const char *names[] = {"scalar", "avx2", "avxvnni", "avx512", "neon"};
     enum { K = 512, N = 37, M = 9 };
@@ -65,6 +80,12 @@ int main(void) {
     uint8_t *w = malloc((size_t)N * K / 32 * 40);
     for (int i = 0; i < M * K; i++) x[i] = rndf();
     int checked = 0;
+    for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {            /* the scalar path too */
+        random_weight(&TYPES[t], w, (int64_t)N * K / TYPES[t].elems);
+        uk_set_isa(0);
+        check_rows("scalar", &TYPES[t], w, x, N, K, M, y0, y1);
+        if (TYPES[t].elems == 32) check_rows("scalar", &TYPES[t], w, x, N, 352, M, y0, y1);
+    }
     for (int isa = 1; isa < 5; isa++) {
         if (!uk_isa_available(isa)) continue;
         checked++;
@@ -93,6 +114,8 @@ int main(void) {
                 const double e = rel_err(y1, y0, (int64_t)m * N);
                 if (!(e < 2e-5)) fail(names[isa], "gemm", td->type, e);
             }
+            check_rows(names[isa], td, w, x, N, K, M, y0, y1);
+            if (td->elems == 32) check_rows(names[isa], td, w, x, N, 352, M, y0, y1);   /* 3 blocks past 8 */
         }
         /* f32 weights and the row operators */
         float *wf = deq0, *o0 = deq1, *o1 = deq1 + M * K;

@@ -4,9 +4,9 @@ A provider implements :class:`IGemm`; providers are listed by :func:`gemm_provid
 :func:`get_gemm`. Built in:
 
 ``c-q8dot``        the C kernels: activations quantized to 32-value int8 blocks on the fly and integer dot
-                   products (VNNI / AVX2 / NEON / scalar) for block types with a tile form; F32/F16/BF16 weights in
-                   float; Q2_K batches through dequantize-rows-then-f32-dot in C. Decode (one row) runs per-type GEMV
-                   kernels, batches a cache-blocked tile kernel over repacked chunks of weight rows.
+                   products (VNNI / AVX2 / NEON / scalar) for block types; F32/F16/BF16 weights in float. Decode
+                   (1-3 rows) runs per-type GEMV kernels, batches a cache-blocked tile kernel over repacked chunks
+                   of weight rows that sums every row exactly as the GEMV kernel does (same bits).
 ``c-f32``          the C kernels, dequantizing chunks of weight rows to f32 and using f32 dots (every type).
 ``numpy-dequant``  the reference: dequantize the whole weight, then numpy's BLAS matmul in f32.
 
@@ -26,12 +26,9 @@ from uaii.ir.errors import UnsupportedDType
 from uaii.kernels._native import KernelError, check, f32, lib, ptr, view_ptr
 from uaii.kernels.quant import DEQUANT_TYPES, as_bytes, dequantize
 
-FAST_TYPES: frozenset[DType] = frozenset({
-    DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q3_K,
-    DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.IQ4_NL, DType.IQ4_XS, DType.MXFP4,
-})
-"""Weight types of the integer / native-float path of c-q8dot, decode and batches alike; Q2_K, the other type of
-DEQUANT_TYPES, has integer decode dots and uses the dequantize-rows-then-f32-dot C path for batches."""
+FAST_TYPES: frozenset[DType] = DEQUANT_TYPES
+"""Weight types of the integer / native-float path of c-q8dot: every type it reads. Decode rows and batches of one
+type compute the same sums in the same order (see docs/kernels.md, "Prefill and decode agree")."""
 
 
 @dataclass(frozen=True)
@@ -208,12 +205,12 @@ def matmul(x: np.ndarray, w: PackedWeight, *, out: np.ndarray | None = None, pro
 
 
 def gemm_path(dtype: DType | str) -> str:
-    """How c-q8dot runs a weight type on the current ISA: "int8-dot", "float", "dequant-f32", or
-    "int8-dot/dequant-f32" (integer decode, f32 batches: Q2_K on x86). Raises UnsupportedDType."""
+    """How c-q8dot runs a weight type on the current ISA: "int8-dot" (8-bit activations), "float" or
+    "dequant-f32". Raises UnsupportedDType."""
     dt = DType.parse(dtype)
     if dt not in DEQUANT_TYPES:
         raise UnsupportedDType(dt, "gemm weights")
     assert dt.gguf_id is not None
     if dt in (DType.F32, DType.F16, DType.BF16):
         return "float"
-    return {2: "int8-dot", 3: "int8-dot/dequant-f32"}.get(lib.uk_gemm_path(dt.gguf_id), "dequant-f32")
+    return "int8-dot" if lib.uk_gemm_path(dt.gguf_id) == 2 else "dequant-f32"
