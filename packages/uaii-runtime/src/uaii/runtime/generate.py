@@ -1,13 +1,16 @@
-"""The text side of generation: streamed pieces, stop strings and the end-of-generation rules.
+"""The text side of generation: streamed pieces, stop strings, and the sampler adapter of the decode loop.
 
 :class:`TextStream` turns token ids into text pieces with the tokenizer's StreamDecoder and holds back the tail that
-could still begin a stop string, so a stop string never reaches the caller, streamed or not.
+could still begin a stop string, so a stop string never reaches the caller, streamed or not. :func:`make_sampler`
+picks the token of each step: an argmax for greedy decoding, else a :class:`~uaii.runtime.sampling.Sampler`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 
 class TextStream:
@@ -59,6 +62,35 @@ class TextStream:
         return piece
 
 
+class _Greedy:
+    wants_history = False
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        return int(np.argmax(logits))
+
+
+class _Sampled:
+    def __init__(self, sampler: Any, wants_history: bool) -> None:
+        self.sampler = sampler
+        self.wants_history = wants_history
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        return int(self.sampler.sample(logits, history))
+
+
+def make_sampler(params: Any) -> Any:
+    """``sampler(logits, history) -> token``; ``sampler.wants_history`` says whether it reads the tokens so far
+    (a repetition penalty), so the loop builds that list only when needed."""
+    if params is None:
+        return _Greedy()
+    from uaii.runtime.sampling import Sampler
+
+    greedy = getattr(params, "greedy", False) and getattr(params, "repetition_penalty", 1.0) == 1.0
+    if greedy:
+        return _Greedy()
+    return _Sampled(Sampler(params), getattr(params, "repetition_penalty", 1.0) != 1.0)
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -67,4 +99,4 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-__all__ = ["TextStream", "common_prefix"]
+__all__ = ["TextStream", "common_prefix", "make_sampler"]

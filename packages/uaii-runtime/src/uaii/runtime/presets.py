@@ -12,6 +12,8 @@
 from run to run (the budget is part of the plan cache key); unlimited when MemAvailable cannot be read.
 
 The budget covers everything the process holds (pinned weights, staging buffers, KV cache, activations).
+The window bounds the KV cache's memory, not the positions: generation still ends at the model's context, the same
+in every preset, unless ``kv_positions="cache"`` lets the window slide past it (see uaii.runtime.bounds).
 The KV cache is f16, as llama.cpp's default: half the bytes of f32, and decode reads it every token (SmolLM2
 after a 512-token prompt: ~160 instead of ~120-140 tok/s); keys and values are rounded to f16, which moves logits
 by a few hundredths to tenths. ``Session(...)`` without a preset keeps the exact f32 cache.

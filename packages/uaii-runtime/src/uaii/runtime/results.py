@@ -45,7 +45,9 @@ class GenerationResult:
     text: str
     tokens: list[int]
     prompt_tokens: list[int]
-    finish_reason: str  # "length" | "stop" | "eos"
+    # "length": max_new_tokens, or the context (see uaii.runtime.bounds); "eos": an end-of-generation id;
+    # "stop": a stop id or string, on_token, a stream closed early, or an exception (KeyboardInterrupt) that ended it
+    finish_reason: str
     stats: GenerationStats = field(default_factory=GenerationStats)
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,6 +8,16 @@ Lifecycle: CREATED → LOADED → PLANNED → READY → CLOSED (:class:`SessionS
 uaii.planner (disk cache), compiled on the selected backend, and given a KV state of ``max_context`` tokens (or a
 ``kv_window`` + ``kv_sinks`` resident window). The cache survives between calls: a prompt that extends what the
 cache holds (a chat turn) only prefills the new tokens.
+
+Three rules hold whatever the caller does:
+
+* the history (the tokens the cache holds) and the KV state agree: a forward pass and its bookkeeping happen
+  together or not at all, whatever exception (KeyboardInterrupt included) arrives (:meth:`Session._pass`);
+* one call at a time: threads are serialized, reentrant use raises, close() waits for the pass in flight
+  (:mod:`uaii.runtime.guard`);
+* positions never pass the context (``max_context``, at most what the model was trained on), whatever the
+  window: a window bounds memory, not positions. Only ``kv_positions="cache"`` with a window keeps the positions
+  below the window, so that generation may slide on past the context (:mod:`uaii.runtime.bounds`).
 """
 
 from __future__ import annotations
@@ -20,21 +30,25 @@ from typing import Any
 import numpy as np
 
 from uaii.ir import UaiiError
+from uaii.runtime.bounds import ContextBounds
+from uaii.runtime.budget import bytes_per_token, kv_cache_bytes, storage_stats, streaming_setup
 from uaii.runtime.errors import SessionError
-from uaii.runtime.generate import TextStream, common_prefix
-from uaii.runtime.model import ModelBundle, _nbytes, load_bundle
+from uaii.runtime.generate import TextStream, common_prefix, make_sampler
+from uaii.runtime.guard import SessionGuard
+from uaii.runtime.model import ModelBundle, load_bundle
 from uaii.runtime.options import SessionOptions
 from uaii.runtime.results import GenerationResult, GenerationStats, ModelInfo, SessionState, peak_rss_bytes
 from uaii.runtime.rewrite import last_token_logits
 
 log = logging.getLogger("uaii.runtime")
-DEFAULT_CONTEXT = 4096  # when neither the options nor the model say
+OnPrefill = Callable[[int, int], object]
 
 
 class Session:
     """A model ready to run. See the module docstring; options are :class:`SessionOptions` fields."""
 
     def __init__(self, path: str | Any, **options: Any) -> None:
+        self._guard = SessionGuard(self._free)
         self.options = SessionOptions.from_kwargs(options)
         self.state = SessionState.CREATED
         self.last_result: GenerationResult | None = None
@@ -50,6 +64,7 @@ class Session:
         # the last prompt's length and the logits its prefill ended with: a repeated prompt reuses them as they
         # are, where re-feeding its last token (the decode path) would give logits that differ in the last bits
         self._prompt_logits: tuple[int, np.ndarray] | None = None
+        self._chunk = self.options.max_batch  # tokens per prefill pass (at most the window)
         t0 = time.perf_counter()
         self._bundle: ModelBundle = load_bundle(path)
         self.tokenizer = self._bundle.tokenizer
@@ -71,17 +86,23 @@ class Session:
         self.backend = select_device(o.device)
         if o.n_threads is not None and hasattr(self.backend, "set_threads"):
             self.backend.set_threads(o.n_threads)
-        self.context = o.max_context or b.context_length or DEFAULT_CONTEXT
+        self.bounds, self.options = ContextBounds.of(b, o)
+        self.context = self.bounds.context  # tokens a sequence may hold (see uaii.runtime.bounds)
+        self.trained_context = self.bounds.trained  # positions the model was trained on (0: unknown)
+        o = self.options
+        self._chunk = min(o.max_batch, o.kv_window) if o.kv_window else o.max_batch
         graph = last_token_logits(b.graph) if b.generative else b.graph
         self.graph = graph
         self.plan, self.plan_cache_hit = self._plan(graph)
         self.state = SessionState.PLANNED
-        stream_kw = self._streaming(graph) if o.budget_bytes else {}
+        stream_kw: dict[str, Any] = {}
+        if o.budget_bytes:
+            self._store, self._expert_cache, stream_kw = streaming_setup(self.plan, graph, b, o, self.backend)
         if not stream_kw:
             self._store = MmapStore(b.locations)
         self._stream_kw = stream_kw
         self._exe = self.backend.compile(graph, self.plan, self._store, max_tokens=o.max_batch,
-                                         memory_reuse=o.enable_memory_reuse, **stream_kw)
+                                         memory_reuse=o.enable_memory_reuse, **stream_kw, **o.backend_options())
         if b.generative:
             kv_kw = {"dtype": o.kv_dtype} if o.kv_dtype != "f32" else {}  # a backend's new_state may not take it
             if o.kv_positions != "absolute":
@@ -90,11 +111,22 @@ class Session:
         elif o.kv_positions != "absolute":
             raise SessionError(f"[runtime] option kv_positions={o.kv_positions!r} needs a decoder with a KV cache; "
                                f"{b.path.name} has none")
-        self.bytes_per_token = _bytes_per_token(graph, b.locations, self.plan)
+        self.bytes_per_token = bytes_per_token(graph, b.locations, self.plan)
         self._tokens = np.zeros(o.max_batch, np.int64)
         self._positions = np.zeros(o.max_batch, np.int64)
         self._decode_feeds = {"tokens": self._tokens[:1], "positions": self._positions[:1]}
         self.state = SessionState.READY
+
+    @property
+    def slides(self) -> bool:
+        """Whether generation may go on past the context: a window whose positions are cache slots
+        (``kv_positions="cache"``), which stay below the window. Absolute positions stop at the context."""
+        return self.bounds.slides
+
+    @property
+    def has_rope(self) -> bool:
+        """Whether the model's positions are rotary (a RoPE node in the graph): only those can be cache slots."""
+        return self.bounds.rope
 
     def _new_kv_state(self, kv_kw: dict[str, Any]) -> Any:
         o = self.options
@@ -106,65 +138,10 @@ class Session:
             raise SessionError(f"[runtime] option kv_positions={o.kv_positions!r} does not apply to "
                                f"{self._bundle.path.name}: {exc}") from None
 
-    def _streaming(self, graph: Any) -> dict[str, Any]:
-        """Under a budget: a StreamingStore with the plan's staging bytes, the pinned set read once, and what the
-        backend needs to acquire the streamed weights around the steps that read them. {} when the session maps
-        its weights after all (no plan, or a backend that cannot stream), which is warned about."""
-        from uaii.storage import ExpertCache, StreamingStore
-
-        o, b = self.options, self._bundle
-        storage = getattr(self.plan, "storage", None)
-        if storage is None or not storage.budget_bytes:
-            log.warning("[runtime] budget_bytes=%d: no storage plan (planning failed), so every weight is "
-                        "memory-mapped and the budget is not enforced", o.budget_bytes)
-            return {}
-        if self.backend.name != "cpu":
-            log.warning("[runtime] budget_bytes=%d: the %s backend cannot stream weights yet; every weight is "
-                        "memory-mapped and the budget is not enforced", o.budget_bytes, self.backend.name)
-            return {}
-        streamed = [w.ref for w in storage.weights if w.mode == "streamed"]
-        refs = {str(t.weight) for t in graph.weights if t.weight is not None}
-        pinned = [w.ref for w in storage.weights if w.mode == "pinned" and w.ref in refs]
-        staging = sum(storage.staging_buffers)
-        self._store = store = StreamingStore(b.locations, max(staging, 4096), max_inflight=o.stream_read_ahead)
-        if pinned:
-            store.pin(pinned)
-        cache = None
-        banks = _moe_banks(graph, set(streamed))
-        if banks:
-            # one expert of each bank of a node (a read window may straddle one more page than the first expert's)
-            one = max(sum(store.buffer_bytes(str(t.weight.with_expert(0))) + 4096 for t in ts)
-                      for ts in banks.values())
-            if 0 < o.expert_cache_bytes < one:
-                log.warning("[runtime] expert_cache_bytes=%d cannot hold one expert's gate, up and down "
-                            "weights (%d bytes); the cache holds one", o.expert_cache_bytes, one)
-            # the plan counts the cache in the budget (at least one expert of each bank; experts are never staged)
-            budget = max(storage.expert_cache_bytes, o.expert_cache_bytes, one)
-            cache = self._expert_cache = ExpertCache(store, budget)
-        return {"streamed": streamed, "prefetch_order": storage.prefetch_order, "expert_cache": cache,
-                "chunk_bytes": max(storage.staging_buffers, default=0)}
-
     def storage_stats(self) -> dict[str, Any]:
-        """The storage telemetry of this session: ``mode`` (``"mmap"`` or ``"streaming"``), ``bytes_read`` (total
-        file bytes read), ``bytes_read_per_token`` (mean over the forward passes measured), ``read_gb_s`` (bytes
-        read / I/O busy time), ``staging``, ``expert_cache`` (hits, misses, per layer) and the plan's figures."""
-        if self._store is None:
-            raise SessionError("[runtime] cannot read storage stats: the session is closed")
-        st = dict(self._store.stats())
-        st["mode"] = self._store.mode
-        st.setdefault("bytes_read", 0)
-        st["bytes_read_per_token"] = float(st.get("bytes_per_token_mean", 0.0))
-        st["read_gb_s"] = float(st.get("read_gbps", 0.0))
-        storage = getattr(self.plan, "storage", None)
-        if storage is not None:
-            st["budget_bytes"] = storage.budget_bytes
-            st["plan_streamed_bytes_per_token"] = storage.streamed_bytes_per_token
-            st["pinned_bytes"] = storage.pinned_bytes
-            st["staging_bytes"] = storage.staging_bytes
-        streaming = getattr(self._exe, "streaming", None)
-        if streaming is not None:
-            st["relowered"] = streaming.relowered
-        return st
+        """The storage telemetry of this session (see :func:`uaii.runtime.budget.storage_stats`)."""
+        with self._guard.cv:  # not while close() frees the store
+            return storage_stats(self._store, self.plan, self._exe)
 
     @property
     def streaming(self) -> bool:
@@ -190,7 +167,7 @@ class Session:
         kw: dict[str, Any] = dict(enable_fusion=o.enable_fusion, enable_memory_reuse=o.enable_memory_reuse,
                                   max_tokens=o.max_batch, budget_bytes=o.budget_bytes, device=self.backend.name)
         if o.budget_bytes:
-            kw["kv_cache_bytes"] = _kv_bytes(graph, self._kv_slots(), o.kv_dtype) if self._bundle.generative else 0
+            kw["kv_cache_bytes"] = kv_cache_bytes(graph, self._kv_slots(), o.kv_dtype) if self._bundle.generative else 0
             kw["expert_cache_bytes"] = o.expert_cache_bytes
             kw["fill_pins"] = True  # what the budget holds beyond the minimum is spent on pinning more layers
         if o.pin_layers is not None:
@@ -233,7 +210,13 @@ class Session:
                                "(no tokens/positions inputs with a KV cache); use run()")
 
     def close(self) -> None:
-        """Free the compiled graph, the KV cache and the weight maps (idempotent)."""
+        """Free the compiled graph, the KV cache and the weight maps (idempotent). Safe from any thread: a
+        generation in flight stops before its next forward pass (SessionError) and the memory is freed once that
+        pass is over; a stream suspended at a piece raises SessionError when resumed. Called from ``on_token``,
+        the generation stops and the session closes when it returns."""
+        self._guard.close()
+
+    def _free(self) -> None:
         if self.state is SessionState.CLOSED:
             return
         for obj in (self._exe, self._full, self._store):
@@ -253,11 +236,12 @@ class Session:
 
     def reset(self) -> None:
         """Forget the conversation: the KV cache is emptied."""
-        self._ready("reset")
-        if self._kv is not None:
-            self._kv.reset()
-        self._history = []
-        self._prompt_logits = None
+        with self._guard.hold("reset"):
+            self._ready("reset")
+            if self._kv is not None:
+                self._kv.reset()
+            self._history = []
+            self._prompt_logits = None
 
     @property
     def kv_length(self) -> int:
@@ -278,31 +262,76 @@ class Session:
         return str(self._tok("detokenize").decode([int(i) for i in ids]))
 
     # --- forward passes ------------------------------------------------------------------------------------
-    def _feed(self, ids: Sequence[int]) -> np.ndarray:
-        """Run ``ids`` through the model in chunks of max_batch; return the last token's logits (a view)."""
+    def _feed(self, ids: list[int], on_prefill: OnPrefill | None = None) -> np.ndarray:
+        """Run ``ids`` through the model in chunks (max_batch, at most the window); return the last token's logits
+        (a view). ``on_prefill(done, total)`` is called before and after each chunk of a prefill of more than one."""
         if not ids:
             raise SessionError("[runtime] nothing to run: the token list is empty")
-        free = self.context - len(self._history)
-        if not self.options.kv_window and len(ids) > free:
-            raise SessionError(f"[runtime] {len(ids)} tokens do not fit the context: it holds {self.context} tokens "
-                               f"and {len(self._history)} are used (raise max_context, or set kv_window)")
-        step = self.options.max_batch
+        self.bounds.check(len(ids), len(self._history))
+        lo, hi = min(ids), max(ids)
         vocab = self._vocab()
+        if lo < 0 or hi >= vocab:  # checked before any pass: a bad id runs nothing
+            raise SessionError(f"[runtime] token ids must be in [0, {vocab}), found {lo}..{hi}")
+        step, total = self._chunk, len(ids)
+        progress = on_prefill if on_prefill is not None and total > step else None
+        if progress is not None:
+            progress(0, total)
         logits = None
-        for start in range(0, len(ids), step):
-            chunk = ids[start:start + step]
-            n = len(chunk)
-            tokens, positions = self._tokens[:n], self._positions[:n]
-            tokens[:] = chunk
-            if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
-                raise SessionError(f"[runtime] token ids must be in [0, {vocab}), found {int(tokens.min())}.."
-                                   f"{int(tokens.max())}")
-            first = self._next_position(n)
-            positions[:] = np.arange(first, first + n)
-            logits = self._run({"tokens": tokens, "positions": positions})["logits"]
-            self._history.extend(int(t) for t in chunk)
+        for start in range(0, total, step):
+            logits = self._pass(ids[start:start + step])
+            if progress is not None:
+                progress(min(start + step, total), total)
         assert logits is not None
         return logits[-1]
+
+    def _pass(self, ids: list[int]) -> np.ndarray:
+        """One forward pass over ``ids`` (at most one chunk); returns the logits (a view). The KV state and the
+        history change together or not at all: an exception anywhere in here, KeyboardInterrupt included, rewinds
+        the state to the history (:meth:`_resync`), so the next call never answers from tokens it does not know."""
+        self._guard.check_open()
+        n = len(ids)
+        tokens, positions = self._tokens[:n], self._positions[:n]
+        try:
+            tokens[:] = ids
+            first = self._next_position(n)
+            positions[:] = np.arange(first, first + n)
+            out = self._run({"tokens": tokens, "positions": positions})
+            self._history.extend(ids)
+        except BaseException:
+            self._resync()
+            raise
+        return out["logits"]
+
+    def _step(self, token: int) -> np.ndarray:
+        """One decode step (the hot loop): feed one token, return its logits (a view). All or nothing, as _pass."""
+        self._guard.check_open()
+        try:
+            self._tokens[0] = token
+            self._positions[0] = self._next_position(1)
+            out = self._run(self._decode_feeds)
+            self._history.append(token)
+        except BaseException:
+            self._resync()
+            raise
+        return out["logits"][-1]
+
+    def _resync(self) -> None:
+        """Make the history and the KV state agree again after a pass that did not finish (the state ran ahead:
+        it is truncated; a state that cannot rewind, or that reset itself mid-way, empties both). Cheap enough to
+        run before every call too, which catches an interrupt that hit this very repair."""
+        kv = self._kv
+        if kv is None:
+            return
+        n = len(self._history)
+        if kv.length > n:
+            try:
+                kv.truncate(n)
+            except Exception:  # a window that dropped those tokens cannot rewind: both start over
+                kv.reset()
+        if kv.length < n:
+            del self._history[kv.length:]
+        if self._prompt_logits is not None and self._prompt_logits[0] > len(self._history):
+            self._prompt_logits = None  # the tokens those logits came from are gone from the cache
 
     def _next_position(self, n: int) -> int:
         """The rotary position of the first of the next ``n`` tokens. With kv_positions="cache" it is a cache slot,
@@ -314,59 +343,57 @@ class Session:
     def _vocab(self) -> int:
         return int(self.graph.tensor("logits").shape[-1])
 
-    def _step(self, token: int) -> np.ndarray:
-        """One decode step (the hot loop): feed one token, return its logits (a view)."""
-        self._tokens[0] = token
-        self._positions[0] = self._next_position(1)
-        out = self._run(self._decode_feeds)
-        self._history.append(token)
-        return out["logits"][-1]
-
     def forward(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits (float32, a copy) of the last of ``tokens``, which are appended to the KV cache."""
-        self._generative("run forward")
-        return np.array(self._feed([int(t) for t in tokens]), dtype=np.float32)
+        with self._guard.hold("run forward"):
+            self._generative("run forward")
+            self._resync()
+            return np.array(self._feed([int(t) for t in tokens]), dtype=np.float32)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run a graph on named inputs, returning every graph output (copies). On a decoder LM this is the
         functional graph: feed ``past_k.N``/``past_v.N`` (shape [0, heads, dim] for none) and get all logits."""
-        self._ready("run")
-        feeds = {k: np.asarray(v) for k, v in inputs.items()}
-        exe = self._exe
-        if self._kv is not None:
-            if self._full is None:
-                self._full = self.backend.compile(self._bundle.graph, None, self._store, kv_state=False,
-                                                  max_tokens=self.options.max_batch,
-                                                  memory_reuse=self.options.enable_memory_reuse,
-                                                  **self._stream_kw)
-            exe = self._full
-        missing = [n for n in exe.input_names if n not in feeds]
-        if missing:
-            raise SessionError(f"[runtime] missing input(s) {', '.join(missing)}; the graph takes "
-                               f"{', '.join(exe.input_names)}")
-        return {k: np.array(v) for k, v in exe.run(feeds).items()}
+        with self._guard.hold("run"):
+            self._ready("run")
+            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+            exe = self._exe
+            if self._kv is not None:
+                if self._full is None:
+                    self._full = self.backend.compile(self._bundle.graph, None, self._store, kv_state=False,
+                                                      max_tokens=self.options.max_batch,
+                                                      memory_reuse=self.options.enable_memory_reuse,
+                                                      **self._stream_kw, **self.options.backend_options())
+                exe = self._full
+            missing = [n for n in exe.input_names if n not in feeds]
+            if missing:
+                raise SessionError(f"[runtime] missing input(s) {', '.join(missing)}; the graph takes "
+                                   f"{', '.join(exe.input_names)}")
+            return {k: np.array(v) for k, v in exe.run(feeds).items()}
 
     # --- generation ----------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, sampling: Any = None,
                  stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), add_special: bool = True,
-                 ignore_eos: bool = False, on_token: Callable[[int, str], object] | None = None) -> GenerationResult:
+                 ignore_eos: bool = False, on_token: Callable[[int, str], object] | None = None,
+                 on_prefill: OnPrefill | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, or token ids used as they are).
 
         ``on_token(token_id, text_piece)`` is called for every generated token as it is sampled (the piece may be
         empty while a character or a possible stop string is incomplete); a true return value stops generation
-        there (finish reason "stop"). The text still held back at the end is in ``result.text``."""
+        there (finish reason "stop"). The text still held back at the end is in ``result.text``.
+        ``on_prefill(done, total)`` reports a prefill of more than one chunk (a progress bar)."""
         for _ in self._generation(prompt, max_new_tokens, sampling, stop, stop_token_ids, add_special, ignore_eos,
-                                  stream=False, on_token=on_token):
+                                  stream=False, on_token=on_token, on_prefill=on_prefill):
             pass
         assert self.last_result is not None
         return self.last_result
 
     def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, sampling: Any = None,
                stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), add_special: bool = True,
-               ignore_eos: bool = False) -> Iterator[str]:
-        """Text pieces as they are generated; the full result is ``session.last_result`` afterwards."""
+               ignore_eos: bool = False, on_prefill: OnPrefill | None = None) -> Iterator[str]:
+        """Text pieces as they are generated; the full result is ``session.last_result`` afterwards. The session
+        is the stream's until it ends or is closed: other threads wait, this thread gets a SessionError."""
         return self._generation(prompt, max_new_tokens, sampling, stop, stop_token_ids, add_special, ignore_eos,
-                                stream=True)
+                                stream=True, on_prefill=on_prefill)
 
     def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> GenerationResult:
         """Reply to ``messages`` ([{"role": ..., "content": ...}]) through the model's chat template."""
@@ -382,21 +409,33 @@ class Session:
 
     def _generation(self, prompt: str | Sequence[int], max_new: int, sampling: Any, stop: Sequence[str],
                     stop_ids: Sequence[int], add_special: bool, ignore_eos: bool, stream: bool,
-                    on_token: Callable[[int, str], object] | None = None) -> Iterator[str]:
-        self._generative("generate")
-        if isinstance(stop, str):
-            stop = (stop,)
-        if max_new < 0:
-            raise SessionError(f"[runtime] max_new_tokens must be >= 0, found {max_new}")
-        sampler = _sampler(sampling)
-        ids = self._prompt_ids(prompt, add_special)
-        if not ids:
-            raise SessionError("[runtime] the prompt is empty (no tokens); pass text or token ids")
+                    on_token: Callable[[int, str], object] | None = None,
+                    on_prefill: OnPrefill | None = None) -> Iterator[str]:
+        with self._guard.hold("generate"):
+            self._generative("generate")
+            self.last_result = None  # never mistaken for this call's result if it fails before it has one
+            self._resync()
+            if isinstance(stop, str):
+                stop = (stop,)
+            if max_new < 0:
+                raise SessionError(f"[runtime] max_new_tokens must be >= 0, found {max_new}")
+            sampler = make_sampler(sampling)
+            ids = self._prompt_ids(prompt, add_special)
+            if not ids:
+                raise SessionError("[runtime] the prompt is empty (no tokens); pass text or token ids")
+            if not self.slides:  # a prompt longer than the context is refused before anything runs
+                self.bounds.check(len(ids), 0)
+            text = TextStream(self.tokenizer, stop) if (stream or stop or on_token is not None) else None
+            eos = frozenset() if ignore_eos else self._bundle.stop_ids
+            yield from self._decode(ids, max_new, sampler, text, eos, frozenset(int(t) for t in stop_ids), stream,
+                                    on_token, on_prefill)
+
+    def _decode(self, ids: list[int], max_new: int, sampler: Any, text: TextStream | None, eos: frozenset[int],
+                stops: frozenset[int], stream: bool, on_token: Callable[[int, str], object] | None,
+                on_prefill: OnPrefill | None) -> Iterator[str]:
+        """Prefill, then one token per step until a stop; ``last_result`` is set however it ends."""
         stats = GenerationStats(prompt_tokens=len(ids), load_s=self.load_s, plan_cache_hit=self.plan_cache_hit,
                                 bytes_read_per_token=float(self.bytes_per_token))
-        text = TextStream(self.tokenizer, stop) if (stream or stop or on_token is not None) else None
-        eos = frozenset() if ignore_eos else self._bundle.stop_ids
-        stops = frozenset(int(t) for t in stop_ids)
         out: list[int] = []
         finish = "length"
         t0 = time.perf_counter()
@@ -404,14 +443,9 @@ class Session:
         try:
             if max_new == 0:
                 return
-            reuse, saved = self._reuse(ids)
-            stats.cached_tokens = reuse
             read0 = self._bytes_read()
-            if saved is None:
-                logits = self._feed(ids[reuse:])
-                self._prompt_logits = (len(ids), np.array(logits, dtype=np.float32))
-            else:
-                logits = saved
+            logits = self._prefill(ids, stats, on_prefill)
+            reuse = stats.cached_tokens
             t1 = time.perf_counter()
             stats.prefill_s = t1 - t0
             stats.prefill_tok_s = (len(ids) - reuse) / stats.prefill_s if stats.prefill_s > 0 else 0.0
@@ -432,26 +466,25 @@ class Session:
                 if text is not None:
                     piece = text.push(token)
                     if piece and stream:
-                        yield piece
+                        with self._guard.suspended():
+                            yield piece
                 if on_token is not None and on_token(token, piece):
                     finish = "stop"
                     break
                 if text is not None and text.stopped:
                     finish = "stop"
                     break
-                if len(out) >= max_new:
+                if len(out) >= max_new or self.bounds.full(self._kv.length):
                     break
-                if self._kv.length >= self.context and not self.options.kv_window:
-                    break  # the context is full: finish_reason "length"
                 logits = self._step(token)
                 steps += 1
                 history = [*history, token] if sampler.wants_history else history
             stats.decode_s = time.perf_counter() - t1
             stats.decode_tok_s = steps / stats.decode_s if steps and stats.decode_s > 0 else 0.0
             if self._stream_kw:  # measured: file bytes the passes of this generation read, per pass
-                passes = steps + -(-(len(ids) - reuse) // self.options.max_batch)
+                passes = steps + -(-(len(ids) - reuse) // self._chunk)
                 stats.bytes_read_per_token = (self._bytes_read() - read0) / max(passes, 1)
-        except GeneratorExit:  # the caller stopped reading the stream
+        except BaseException:  # interrupted, closed, or the caller stopped reading the stream
             finish = "stop"
             raise
         finally:
@@ -464,7 +497,18 @@ class Session:
                 result_text = self.tokenizer.decode(out) if self.tokenizer is not None else ""
             self.last_result = GenerationResult(result_text, out, ids, finish, stats)
         if tail and stream:
-            yield tail  # what the decoder and the stop-string window held back
+            with self._guard.suspended():
+                yield tail  # what the decoder and the stop-string window held back
+
+    def _prefill(self, ids: list[int], stats: GenerationStats, on_prefill: OnPrefill | None) -> np.ndarray:
+        """The logits after the prompt: the tokens the cache lacks are fed (a repeated prompt's are kept)."""
+        reuse, saved = self._reuse(ids)
+        stats.cached_tokens = reuse
+        if saved is not None:
+            return saved
+        logits = self._feed(ids[reuse:], on_prefill)
+        self._prompt_logits = (len(ids), np.array(logits, dtype=np.float32))
+        return logits
 
     def _bytes_read(self) -> int:
         if not self._stream_kw:
@@ -477,7 +521,7 @@ class Session:
         repeated prompt then samples from the logits the first call sampled from (on a fresh session: the ones a
         fresh session computes), where re-feeding its last token alone runs the decode path, whose results differ
         in the last bits from a batched prefill and can change a seeded draw. Otherwise the last prompt token is
-        run again."""
+        run again. A windowed cache that cannot rewind starts over (both emptied)."""
         common = common_prefix(self._history, ids)
         saved = self._prompt_logits
         whole = saved is not None and common == len(ids) == saved[0]
@@ -486,88 +530,13 @@ class Session:
             try:
                 self._kv.truncate(keep)
             except Exception:  # a windowed cache may not rewind: start over
-                keep = 0
                 self._kv.reset()
-            del self._history[keep:]
-        if saved is not None and keep < saved[0]:
-            self._prompt_logits = None  # the tokens those logits came from are gone from the cache
-        if whole and keep == len(ids) and saved is not None:
+                keep = 0
+            finally:
+                self._resync()  # the history follows the state, however the truncation ended
+        if whole and len(self._history) == keep == len(ids) and saved is not None:
             return keep, saved[1].copy()
-        return keep, None
-
-
-class _Greedy:
-    wants_history = False
-
-    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        return int(np.argmax(logits))
-
-
-class _Sampled:
-    def __init__(self, sampler: Any, wants_history: bool) -> None:
-        self.sampler = sampler
-        self.wants_history = wants_history
-
-    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        return int(self.sampler.sample(logits, history))
-
-
-def _sampler(params: Any) -> Any:
-    if params is None:
-        return _Greedy()
-    from uaii.runtime.sampling import Sampler
-
-    greedy = getattr(params, "greedy", False) and getattr(params, "repetition_penalty", 1.0) == 1.0
-    if greedy:
-        return _Greedy()
-    return _Sampled(Sampler(params), getattr(params, "repetition_penalty", 1.0) != 1.0)
-
-
-def _kv_bytes(graph: Any, slots: int, dtype: str = "f32") -> int:
-    """Bytes of a KV cache of ``slots`` tokens (``dtype`` f32 or f16): every past_k.N / past_v.N input is
-    [past, heads, dim]."""
-    item = 2 if dtype == "f16" else 4
-    total = 0
-    for name in graph.inputs:
-        if name.startswith(("past_k.", "past_v.")):
-            shape = graph.tensor(name).shape
-            per = 1
-            for d in shape[1:]:
-                per *= int(d) if isinstance(d, int) else 0
-            total += per * item * slots
-    return total
-
-
-def _moe_banks(graph: Any, streamed: set[str]) -> dict[str, list[Any]]:
-    """MoE nodes whose expert banks stream: node name → its gate, up and down bank tensors."""
-    out: dict[str, list[Any]] = {}
-    for n in graph.nodes:
-        if n.op in ("MoEExperts", "MoEExpertsSwiGLU"):
-            ts = [graph.tensor(x) for x in n.inputs[3:6]]
-            if any(t.weight is not None and str(t.weight) in streamed for t in ts):
-                out[n.name] = ts
-    return out
-
-
-def _bytes_per_token(graph: Any, locations: Mapping[str, Any], plan: Any) -> int:
-    """Weight bytes one decode step reads: every weight once, one row of a table only looked up, and top_k of the
-    experts of a bank."""
-    consumers: dict[str, list[Any]] = {}
-    for n in graph.nodes:
-        for x in n.inputs:
-            consumers.setdefault(x, []).append(n)
-    total = 0
-    for t in graph.weights:
-        size = _nbytes(locations, t)
-        users = consumers.get(t.name, [])
-        ops = {n.op for n in users}
-        if ops and ops <= {"Embedding", "Gather"} and t.shape:
-            size //= max(int(t.shape[0]), 1)
-        elif ops and ops <= {"MoEExperts", "MoEExpertsSwiGLU"}:
-            k, e = int(users[0].get("top_k", 1)), max(int(users[0].get("n_experts", 1)), 1)
-            size = size * min(k, e) // e
-        total += size
-    return total
+        return len(self._history), None
 
 
 __all__ = ["Session"]
