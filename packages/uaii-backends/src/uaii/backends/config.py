@@ -2,8 +2,9 @@
 
 ``UAII_CPU_GEMM``  ``fast`` (default): the kernels' fastest GEMM per weight type — int8 dot products over 8-bit
                    quantized activations for block-quantized weights, as llama.cpp does; ``f32``: weights dequantized
-                   row by row and float32 dot products (exact against a dequantized reference, slower). A compile
-                   option ``gemm=`` overrides it.
+                   row by row and float32 dot products (the exact result of the dequantized weights, slower). The
+                   default of the CPU backend's compile option ``gemm=`` (the Session option ``gemm``, the CLI's
+                   ``--gemm``). Either mode gives prefill and decode the same bits for the same position.
 """
 
 from __future__ import annotations
@@ -11,10 +12,17 @@ from __future__ import annotations
 import os
 
 CPU_GEMM_ENV = "UAII_CPU_GEMM"
+GEMM_MODES = ("fast", "f32")
 
 
 def cpu_gemm() -> str:
-    return os.environ.get(CPU_GEMM_ENV, "").strip().lower() or "fast"
+    """The GEMM mode ``$UAII_CPU_GEMM`` asks for (``fast`` when unset); an unknown value is an error."""
+    from uaii.backends.base import BackendError
+
+    mode = os.environ.get(CPU_GEMM_ENV, "").strip().lower() or "fast"
+    if mode not in GEMM_MODES:
+        raise BackendError(f"[backend] {CPU_GEMM_ENV} must be one of {', '.join(GEMM_MODES)}, found {mode!r}")
+    return mode
 
 
-__all__ = ["CPU_GEMM_ENV", "cpu_gemm"]
+__all__ = ["CPU_GEMM_ENV", "GEMM_MODES", "cpu_gemm"]

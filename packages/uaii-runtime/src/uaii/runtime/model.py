@@ -142,9 +142,14 @@ def _nbytes(locations: Mapping[str, Any], t: Any) -> int:
 # --- IR files -------------------------------------------------------------------------------------------------
 def _load_ir(p: Path) -> ModelBundle:
     from uaii.ir.serialize import load
+    from uaii.ir.validator import ValidationError, check
 
     graph = load(p)
-    return ir_bundle(p, graph, ir_locations(graph, p.parent))
+    try:
+        check(graph)  # here, where the file is known: the planner would say the same without naming it
+    except ValidationError as exc:
+        raise exc.with_source(str(p)) from None
+    return ir_bundle(p, graph, ir_locations(graph, p.parent, source=p))
 
 
 def ir_bundle(p: Path, graph: Graph, locations: Mapping[str, Any]) -> ModelBundle:
@@ -163,8 +168,11 @@ def ir_bundle(p: Path, graph: Graph, locations: Mapping[str, Any]) -> ModelBundl
     return ModelBundle(p, "uaii", graph, locations, tok, None, ctx, stops, info, dict(meta))
 
 
-def ir_locations(graph: Graph, base: Path) -> dict[str, Any]:
-    """Location of every weight reference of an IR graph, relative to ``base`` (the file's directory)."""
+def ir_locations(graph: Graph, base: Path, *, source: Path | None = None) -> dict[str, Any]:
+    """Location of every weight reference of an IR graph, relative to ``base`` (the file's directory).
+
+    ``source``: the IR file, named in the error when a referenced file is missing or not a weight container.
+    """
     from uaii.storage import locate_raw_file
 
     out: dict[str, Any] = {}
@@ -180,7 +188,7 @@ def ir_locations(graph: Graph, base: Path) -> dict[str, Any]:
         file = ref.resolve(base, base)
         table = containers.get(file)
         if table is None:
-            table = containers[file] = _container(file)
+            table = containers[file] = _container(file, source, t.name, key)
         info = table.get(ref.tensor or "")
         if info is None:
             raise SessionError(f"[runtime] {file}: no tensor {ref.tensor!r} (weight {t.name!r} of the graph)")
@@ -201,11 +209,16 @@ def weight_container(file: Path) -> Mapping[str, Any] | None:
     return None
 
 
-def _container(file: Path) -> Mapping[str, Any]:
+def _container(file: Path, source: Path | None, weight: str, ref: str) -> Mapping[str, Any]:
+    where = f"{source}: weight {weight!r} references {ref!r}" if source else f"weight reference {ref!r}"
+    if not file.is_file():
+        missing = "does not exist" if not file.exists() else "is not a file"
+        raise SessionError(f"[runtime] {where}, but {file} {missing} (weight paths are relative to the IR file's "
+                           "directory; keep the weight files beside it)")
     table = weight_container(file)
     if table is None:
-        raise SessionError(f"[runtime] {file}: weight container format not recognized (expected GGUF or "
-                           "safetensors)")
+        raise SessionError(f"[runtime] {where}: {file} is not a weight container (expected a GGUF or safetensors "
+                           "file)")
     return table
 
 

@@ -6,11 +6,16 @@ no preset. The CLI applies a memory preset itself (uaii.runtime.presets) and pas
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from uaii.backends.config import GEMM_MODES
 from uaii.runtime.errors import SessionError
+
+log = logging.getLogger("uaii.runtime")
 
 KV_DTYPES = ("f32", "f16")
 KV_POSITIONS = ("absolute", "cache")
@@ -21,7 +26,9 @@ class SessionOptions:
     """What a Session runs with.
 
     device: backend name or ``"auto"`` (the first available GPU backend, else the CPU, reported).
-    n_threads: kernel threads (None: ``$UAII_NUM_THREADS`` or the usable cores).
+    n_threads: kernel threads (None: ``$UAII_NUM_THREADS`` or the usable cores). At most the cores this process
+        may run on (``os.sched_getaffinity``): a larger number, given here or in ``$UAII_NUM_THREADS``, is capped
+        with a warning, because the kernel pool's threads would only wait for each other.
     max_context: tokens the KV cache holds (0: the model's context length).
     kv_window / kv_sinks: a resident window of that many recent tokens plus ``kv_sinks`` attention sinks
         (0: keep every token).
@@ -39,6 +46,9 @@ class SessionOptions:
     enable_fusion / enable_memory_reuse: planner fusion passes / arena reuse.
     max_batch: tokens per prefill step (the prompt runs in chunks of this many).
     plan_cache: use the on-disk plan cache.
+    gemm: how the CPU multiplies block-quantized weights: ``"fast"`` (int8 dot products over 8-bit quantized
+        activations, as llama.cpp; see docs/kernels.md for its accuracy) or ``"f32"`` (dequantized weights and
+        float32 dots: the exact result, slower). None: ``$UAII_CPU_GEMM``, else fast.
     """
 
     device: str = "cpu"
@@ -57,12 +67,14 @@ class SessionOptions:
     enable_memory_reuse: bool = True
     max_batch: int = 512
     plan_cache: bool = True
+    gemm: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, str) or not self.device:
             raise SessionError(f"option device must be a backend name or 'auto', found {self.device!r}")
         if self.n_threads is not None:
             _int("n_threads", self.n_threads, 1)
+        object.__setattr__(self, "n_threads", capped_threads(self.n_threads))
         for name, lo in (("max_context", 0), ("kv_window", 0), ("kv_sinks", 0), ("budget_bytes", 0),
                          ("max_batch", 1), ("expert_cache_bytes", 0), ("stream_read_ahead", 1)):
             _int(name, getattr(self, name), lo)
@@ -73,6 +85,9 @@ class SessionOptions:
         if self.kv_positions not in KV_POSITIONS:
             raise SessionError(f"option kv_positions must be one of {', '.join(map(repr, KV_POSITIONS))} "
                                f"(cache: StreamingLLM positions within the cache), found {self.kv_positions!r}")
+        if self.gemm is not None and self.gemm not in GEMM_MODES:
+            raise SessionError(f"option gemm must be one of {', '.join(GEMM_MODES)} (or None: $UAII_CPU_GEMM), "
+                               f"found {self.gemm!r}")
         for name in ("enable_fusion", "enable_memory_reuse", "plan_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise SessionError(f"option {name} must be True or False, found {getattr(self, name)!r}")
@@ -102,10 +117,41 @@ class SessionOptions:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def backend_options(self) -> dict[str, Any]:
+        """The options a backend's ``compile`` takes from these (only those set: a backend without an option
+        ignores it, and the CPU backend's own default for ``gemm`` is ``$UAII_CPU_GEMM``)."""
+        return {"gemm": self.gemm} if self.gemm is not None else {}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's count where there is none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def capped_threads(n_threads: int | None) -> int | None:
+    """``n_threads``, or the usable cores when it (or ``$UAII_NUM_THREADS`` for None) asks for more; a warning
+    says so once per Session. None stays None when the environment asks for no more than the cores."""
+    from uaii.kernels.config import NUM_THREADS_ENV
+
+    asked, where = n_threads, f"n_threads={n_threads}"
+    if asked is None:
+        raw = os.environ.get(NUM_THREADS_ENV, "").strip()
+        asked, where = (int(raw), f"{NUM_THREADS_ENV}={raw}") if raw.isdigit() else (None, "")
+    cores = usable_cores()
+    if asked is None or asked <= cores:
+        return n_threads
+    log.warning("[runtime] %s is more than the %d core%s this process may run on (os.sched_getaffinity); using "
+                "%d threads: more threads than cores only wait for each other", where, cores,
+                "s" if cores != 1 else "", cores)
+    return cores
+
 
 def _int(name: str, value: Any, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise SessionError(f"option {name} must be an int >= {lo}, found {value!r}")
 
 
-__all__ = ["SessionOptions"]
+__all__ = ["SessionOptions", "capped_threads", "usable_cores"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from uaii.runtime.cli.app import main
+from uaii.runtime.cli import main  # imports the commands inside its Ctrl-C handler
 
 sys.exit(main())

@@ -12,8 +12,8 @@ import sys
 from typing import Any
 
 from . import report
-from .context import CliError, Context, add_model_argument, add_runtime_options, model_path, runtime_options
-from .generate import add_sampling_options, chat_prompt, sampling_params
+from .context import CliError, Context, add_model_argument, add_runtime_options, check_text, model_path, runtime_options
+from .generate import PrefillProgress, add_sampling_options, chat_prompt, sampling_params
 
 HELP = "/reset forgets the conversation · /exit or Ctrl-D leaves · /stats shows the last answer's stats · /help"
 
@@ -43,6 +43,7 @@ class ChatLoop:
         self.preset = preset
         self.messages: list[dict[str, str]] = []
         self.last: Any = None
+        self.progress = PrefillProgress(ctx)
         self.reset()
 
     def reset(self) -> None:
@@ -67,14 +68,23 @@ class ChatLoop:
     def answer(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
         prompt = chat_prompt(self.session, self.messages)
+        context = getattr(self.session, "context", 0)
+        if context and len(prompt) > context and not getattr(self.session, "slides", False):
+            self.messages.pop()  # the Session would refuse it: say so and keep the conversation
+            self.ctx.note(f"(the conversation is {len(prompt)} tokens, more than the model's context of {context}: "
+                          "/reset starts over)")
+            return
         pieces: list[str] = []
         try:
-            for piece in self.session.stream(prompt, add_special=False, **self.gen):
+            for piece in self.session.stream(prompt, add_special=False, on_prefill=self.progress, **self.gen):
                 pieces.append(piece)
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except KeyboardInterrupt:
+            self.progress.close()
             self.ctx.note("\n(interrupted)")
+        finally:
+            self.progress.close()
         sys.stdout.write("\n")
         sys.stdout.flush()
         result = getattr(self.session, "last_result", None)
@@ -86,18 +96,25 @@ class ChatLoop:
 
 
 def read_line(prompt: str) -> str | None:
-    """One line from the user; None at end of input. The prompt goes to stderr so stdout holds only answers."""
+    """One line from the user; None at end of input. The prompt goes to stderr so stdout holds only answers.
+
+    Lines are UTF-8 whatever the locale says; a line that is not raises CliError (the loop says so and goes on).
+    """
     if sys.stdin.isatty():
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (line editing and history for input())
         try:
-            return input(prompt)
+            return check_text(input(prompt), "the line")
         except EOFError:
             return None
+        except UnicodeDecodeError as exc:  # a terminal in a strict UTF-8 locale
+            raise CliError(f"the line is not valid UTF-8: byte {exc.object[exc.start]:#04x} at offset "
+                           f"{exc.start}") from None
     sys.stderr.write(prompt)
     sys.stderr.flush()
-    line = sys.stdin.readline()
-    return None if line == "" else line.rstrip("\n")
+    raw = getattr(sys.stdin, "buffer", sys.stdin).readline()
+    line = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+    return None if line == "" else check_text(line.rstrip("\n"), "the line")
 
 
 def cmd_chat(args: argparse.Namespace, ctx: Context) -> int:
@@ -106,13 +123,19 @@ def cmd_chat(args: argparse.Namespace, ctx: Context) -> int:
         raise CliError(f"-n must be >= 1, found {args.max_tokens}")
     params = sampling_params(args, ctx)
     preset, options = runtime_options(args)
+    if sys.stdin is None or sys.stdin.closed:
+        raise CliError("stdin is closed; uaii chat reads your messages from stdin")
     session = ctx.open_session(path, **options)
     try:
         loop = ChatLoop(session, ctx, system=args.system, show_stats=args.stats, preset=preset,
                         gen={"max_new_tokens": args.max_tokens, "sampling": params})
         ctx.note(f"chatting with {path.name} · preset {preset.describe()} · {HELP}")
         while True:
-            line = read_line("> ")
+            try:
+                line = read_line("> ")
+            except CliError as exc:  # not UTF-8: said and not sent; the conversation goes on unchanged
+                ctx.note(f"error: {exc}; the line was not sent")
+                continue
             if line is None:
                 sys.stderr.write("\n")
                 break

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -49,7 +50,7 @@ class Context:
 
     def close(self) -> None:
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # None: closed when we started
                 stream.flush()
 
     @property
@@ -75,11 +76,49 @@ class Context:
         self.err.print(text, style="dim", highlight=False, markup=False, soft_wrap=True)
 
 
+class _Console(Console):
+    """rich's Console, except that a reader leaving the pipe is the BrokenPipeError that ``main`` turns into the
+    pipe's exit code like any other write (rich's own reaction is ``SystemExit(1)``, a failure code)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def _console(stream: Any, plain: bool) -> Console:
     tty = bool(getattr(stream, "isatty", lambda: False)())
     width = None if tty else int(os.environ.get("COLUMNS", "0") or 0) or 120
-    return Console(file=stream, no_color=plain, highlight=False, width=width, soft_wrap=False,
-                   force_terminal=False if plain else None, emoji=False)
+    return _Console(file=stream, no_color=plain, highlight=False, width=width, soft_wrap=False,
+                    force_terminal=False if plain else None, emoji=False)
+
+
+# ----------------------------------------------------------------------------------------------- text input
+def check_text(text: str, what: str) -> str:
+    """``text`` when it is valid UTF-8; else a one-line error naming ``what`` and the first bad byte.
+
+    argv and stdin reach Python as str with invalid bytes escaped to lone surrogates; the tokenizer refuses those
+    too (uaii.tokenizers.text), but saying so here names the argument and happens before the model loads.
+    """
+    from uaii.tokenizers.text import utf8_problem  # the one rule, kept with the tokenizers
+
+    problem = utf8_problem(text)
+    if problem is not None:
+        raise CliError(f"{what} is not valid UTF-8: {problem}")
+    return text
+
+
+def read_stdin(what: str) -> str:
+    """All of stdin, decoded as UTF-8 (the encoding models are trained on, whatever the locale says); a closed
+    stdin or invalid bytes are one-line errors."""
+    stream = sys.stdin
+    if stream is None or stream.closed:
+        raise CliError(f"stdin is closed; {what} is read from stdin ('-')")
+    try:
+        raw = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+    except OSError as exc:
+        raise CliError(f"cannot read {what} from stdin: {exc.strerror or exc}") from None
+    text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+    return check_text(text, f"{what} (stdin)")
 
 
 # --------------------------------------------------------------------------------------------- shared options
@@ -96,7 +135,7 @@ def add_model_argument(ap: argparse.ArgumentParser) -> None:
 
 
 def add_runtime_options(ap: argparse.ArgumentParser) -> None:
-    """--threads, --preset, --budget and the KV cache flags: the Session options of run, chat and bench."""
+    """--threads, --preset, --budget, the KV cache flags and --gemm: the Session options of run, chat and bench."""
     g = ap.add_argument_group("runtime")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="CPU threads (default: the runtime's choice)")
@@ -113,6 +152,9 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
                    help="rotary positions of a windowed cache: absolute (default) or cache slots (StreamingLLM)")
     g.add_argument("--kv-dtype", choices=("f32", "f16"), default=None,
                    help="KV cache element type (default: the preset's, f16; f32 is exact and twice the bytes)")
+    g.add_argument("--gemm", choices=("fast", "f32"), default=None,
+                   help="CPU matrix products of quantized weights: fast (int8 dot products over 8-bit activations, "
+                        "as llama.cpp) or f32 (exact, slower); default: $UAII_CPU_GEMM, else fast")
 
 
 def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str, Any]]:
@@ -135,8 +177,10 @@ def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str,
     if getattr(args, "kv_dtype", None) is not None:
         options["kv_dtype"] = args.kv_dtype
         preset = replace(preset, kv_dtype=args.kv_dtype)  # the stats line shows the cache in effect
+    if getattr(args, "gemm", None) is not None:
+        options["gemm"] = args.gemm
     return preset, options
 
 
-__all__ = ["CliError", "Context", "SessionFactory", "add_model_argument", "add_runtime_options",
-           "default_session_factory", "model_path", "runtime_options"]
+__all__ = ["CliError", "Context", "SessionFactory", "add_model_argument", "add_runtime_options", "check_text",
+           "default_session_factory", "model_path", "read_stdin", "runtime_options"]

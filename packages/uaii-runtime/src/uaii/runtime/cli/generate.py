@@ -10,7 +10,7 @@ from typing import Any
 from uaii.runtime.sampling import SamplingParams
 
 from . import report
-from .context import CliError, Context, add_model_argument, add_runtime_options, model_path, runtime_options
+from .context import CliError, Context, add_model_argument, add_runtime_options, model_path, read_stdin, runtime_options
 
 
 def add_parsers(sub: Any) -> None:
@@ -57,7 +57,8 @@ def sampling_params(args: argparse.Namespace, ctx: Context | None = None) -> Sam
 
 
 def read_prompt(text: str) -> str:
-    return sys.stdin.read() if text == "-" else text
+    """The prompt of ``-p``; ``-`` reads stdin as UTF-8 (argv was checked by ``main``)."""
+    return read_stdin("the prompt") if text == "-" else text
 
 
 def chat_prompt(session: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -68,12 +69,54 @@ def chat_prompt(session: Any, messages: Sequence[Mapping[str, str]]) -> list[int
     raise CliError("this Session exposes no tokenizer with a chat template (session.tokenizer.encode_chat)")
 
 
-def stream_to(out: Any, pieces: Any) -> None:
-    """Write text pieces as they come, flushing each (the answer appears while it is generated)."""
+def stream_to(out: Any, pieces: Any, shown: list[str] | None = None) -> None:
+    """Write text pieces as they come, flushing each (the answer appears while it is generated); ``shown``
+    collects them, so that a caller knows what reached the reader when the stream fails."""
     for piece in pieces:
         if piece:
             out.write(piece)
             out.flush()
+            if shown is not None:
+                shown.append(piece)
+
+
+class PrefillProgress:
+    """``on_prefill`` of a generation: a prompt that takes more than one prefill pass shows its progress on stderr,
+    as a bar when stderr is a terminal (removed when the prefill ends), else as one note when it is longer than
+    NOTE_TOKENS, so that a prefill of minutes never looks like a hang. ``close()`` removes a bar left by an
+    interrupted prefill."""
+
+    NOTE_TOKENS = 4096  # eight prefill passes of the default max_batch
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if done == 0:
+            self._start(total)
+        elif self._bar is not None:
+            self._bar.update(self._task, completed=done)
+        if done >= total:
+            self.close()
+
+    def _start(self, total: int) -> None:
+        self.close()
+        if self.ctx.animate:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("prefill"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                 console=self.ctx.err, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("prefill", total=total)
+        elif total > self.NOTE_TOKENS:
+            self.ctx.note(f"(prefill of {total} prompt tokens ...)")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
@@ -85,7 +128,9 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
     params = sampling_params(args, ctx)
     preset, options = runtime_options(args)
     text = read_prompt(args.prompt)
-    kwargs: dict[str, Any] = {"max_new_tokens": args.max_tokens, "sampling": params, "stop": tuple(args.stop)}
+    progress = PrefillProgress(ctx)
+    kwargs: dict[str, Any] = {"max_new_tokens": args.max_tokens, "sampling": params, "stop": tuple(args.stop),
+                              "on_prefill": progress}
     session = ctx.open_session(path, **options)
     try:
         prompt: str | list[int] = text
@@ -98,16 +143,23 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
             result = session.generate(prompt, **kwargs)
             report.print_json(report.result_json(result, preset, sampling=params.to_dict()))
             return 0
+        shown: list[str] = []
         try:
-            stream_to(sys.stdout, session.stream(prompt, **kwargs))
-        finally:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+            stream_to(sys.stdout, session.stream(prompt, **kwargs), shown)
+        except BaseException:
+            if shown:  # end the partial answer's line; an error before any text leaves stdout empty
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            raise
+        sys.stdout.write("\n")
+        sys.stdout.flush()
         result = session.last_result
         ctx.note(report.stats_line(result.stats, preset, result.finish_reason))
         return 0
     finally:
+        progress.close()
         session.close()
 
 
-__all__ = ["add_parsers", "add_sampling_options", "chat_prompt", "cmd_run", "sampling_params", "stream_to"]
+__all__ = ["PrefillProgress", "add_parsers", "add_sampling_options", "chat_prompt", "cmd_run", "sampling_params",
+           "stream_to"]

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import inspection, report
-from .context import CliError, Context, add_model_argument, model_path
+from .context import CliError, Context, add_model_argument, model_path, read_stdin
 
 
 def add_parsers(sub: Any) -> None:
@@ -69,8 +69,8 @@ def parse_ids(parts: list[str]) -> list[int]:
 
 
 def cmd_tokenize(args: argparse.Namespace, ctx: Context) -> int:
+    text = read_stdin("the text") if args.text == "-" else args.text  # argv was checked by main
     tok = _tokenizer(args.model)
-    text = sys.stdin.read() if args.text == "-" else args.text
     ids = tok.encode(text, add_special=not args.no_special, parse_special=args.parse_special)
     pieces = [tok.id_to_piece(i) for i in ids]
     if args.json:

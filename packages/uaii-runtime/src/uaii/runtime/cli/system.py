@@ -89,7 +89,10 @@ def cmd_cache(args: argparse.Namespace, ctx: Context) -> int:
 
 # ------------------------------------------------------------------------------------------------------ plan
 def cmd_plan(args: argparse.Namespace, ctx: Context) -> int:
-    from uaii.planner import summarize
+    try:
+        from uaii.planner import summarize
+    except ImportError:
+        raise CliError("uaii plan needs uaii-planner, which is not installed: pip install uaii-planner") from None
 
     path = model_path(args.model)
     preset = presets.resolve(args.preset, args.budget)
@@ -98,8 +101,9 @@ def cmd_plan(args: argparse.Namespace, ctx: Context) -> int:
         execution_plan, hit = session.plan, bool(getattr(session, "plan_cache_hit", False))
     finally:
         session.close()
-    if execution_plan is None:
-        raise CliError("uaii-planner is not installed: the session runs the graph in its own order, without a plan")
+    if execution_plan is None:  # the Session logged why (a warning above this line)
+        raise CliError(f"{path}: no storage plan could be made for this model (the warning above says why); a "
+                       "session runs its graph in its own order, without a plan")
     summary = summarize(execution_plan)
     if args.json:
         report.print_json({"model": str(path), "preset": preset.name, "cache_hit": hit, **summary})
