@@ -21,7 +21,7 @@ PACKAGES := ir runtime kernels backends loaders tokenizers planner storage capi
 PYTEST_FLAGS ?= -q
 
 .PHONY: help uv setup demo-env demo capi test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage bench-kv clean \
+        bench-generate bench-storage bench-kv bench-accuracy clean \
         $(addprefix test-,$(PACKAGES))
 
 help: ## list the targets
@@ -90,6 +90,9 @@ bench-storage: setup ## budgets 100-10 %, synthetic 4 GB llama/MoE, KV window: t
 
 bench-kv: setup ## KV window perplexity: absolute vs StreamingLLM cache positions, with/without sinks (KV_ARGS=--quick)
 	$(PY) bench/bench_kv_positions.py $(KV_ARGS)
+
+bench-accuracy: setup ## KL of the default GEMM from the exact one vs llama.cpp's, prefill and decode (builds llama-cpp-python once)
+	$(PY) bench/bench_accuracy.py $(ACCURACY_ARGS)
 
 bench: bench-kernels bench-generate ## all benchmarks
 
