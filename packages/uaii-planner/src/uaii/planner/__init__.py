@@ -7,6 +7,7 @@ summary that ``uaii plan --json`` prints. See packages/uaii-planner/README.md an
 from importlib.metadata import version as _version
 
 from uaii.planner.cache import CacheStatus, PlanCache, clear, status
+from uaii.planner.check import plan_problems
 from uaii.planner.errors import BudgetError, PlannerError
 from uaii.planner.liveness import Interval, execution_order, live_intervals
 from uaii.planner.memory import (
@@ -68,6 +69,7 @@ __all__ = [
     "plan",
     "plan_key",
     "plan_memory",
+    "plan_problems",
     "plan_storage",
     "register_pass",
     "run_passes",
