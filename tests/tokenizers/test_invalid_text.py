@@ -3,13 +3,12 @@ tokenizer kind with a TokenizerError naming the byte and its offset — never a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+import tiny_gguf  # tests/tokenizers, on the test path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFCore
@@ -21,14 +20,6 @@ from uaii.tokenizers.text import check_text, utf8_problem
 HERE = Path(__file__).resolve().parent
 CONFIGS = json.loads((HERE.parent / "golden" / "tokenizers" / "tiny.json").read_text(encoding="utf-8"))["configs"]
 KINDS = {"gpt2": "bpe-llama-bpe", "spm": "spm-space-prefix", "bert": "bert"}  # one GGUF vocabulary per encoder
-
-
-def _tiny() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("uaii_tests_tokenizers_tiny_gguf", HERE / "tiny_gguf.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _tokenizer_json(tmp: Path) -> Path:
@@ -45,7 +36,7 @@ def _tokenizer_json(tmp: Path) -> Path:
 def tok(request: pytest.FixtureRequest, tmp_path: Path) -> Tokenizer:
     if request.param == "tokenizer.json":
         return load(_tokenizer_json(tmp_path))
-    return load(_tiny().write_tiny_gguf(tmp_path / "t.gguf", CONFIGS[KINDS[request.param]]["spec"]))
+    return load(tiny_gguf.write_tiny_gguf(tmp_path / "t.gguf", CONFIGS[KINDS[request.param]]["spec"]))
 
 
 @pytest.mark.parametrize(("text", "where"), [
@@ -62,7 +53,7 @@ def test_every_tokenizer_refuses_invalid_utf8_naming_the_offset(tok: Tokenizer, 
 
 
 def test_a_chat_message_with_invalid_utf8_is_refused(tmp_path: Path) -> None:
-    tok = load(_tiny().write_tiny_gguf(tmp_path / "t.gguf", CONFIGS["bpe-llama-bpe"]["spec"]))
+    tok = load(tiny_gguf.write_tiny_gguf(tmp_path / "t.gguf", CONFIGS["bpe-llama-bpe"]["spec"]))
     tpl = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     with pytest.raises(TokenizerError, match=r"not valid UTF-8: byte 0xff at offset 2"):
         tok.encode_chat([{"role": "user", "content": "hi\udcff"}], template=tpl)
