@@ -1,7 +1,8 @@
 """Accuracy of the default GEMM against the exact one, beside llama.cpp's (`make bench-accuracy`).
 
-What users see of the 8-bit activations of the default (``gemm="fast"``) mode is how far its next-token distributions
-are from the exact ones. For SmolLM2-135M and Gemma-3-270M over a fixed English text (~400 tokens, :data:`TEXT`):
+What users see of the quantized activations of the default (``gemm="fast"``) mode (8-bit; 16-bit for Q8_0 weights)
+is how far its next-token distributions are from the exact ones. For SmolLM2-135M and Gemma-3-270M over a fixed
+English text (~400 tokens, :data:`TEXT`):
 
 * the exact distributions: our ``gemm="f32"`` mode (weights dequantized, float32 dot products) over one batched
   pass — the reference of every figure below;
@@ -16,7 +17,8 @@ llama.cpp comes from llama-cpp-python (pinned below), built from source in a vir
 The first run builds it (minutes); when that fails the script says so and prints our figures alone.
 
 Goal (printed as met/missed): our KL <= llama.cpp's on both paths of both models, and our prefill and decode
-agree to 0.05 logits.
+agree to 0.05 logits. It also lists the rows significantly worse than llama.cpp's and counts those significantly
+better (paired difference of the per-position KL beyond 2 standard errors).
 
     python bench/bench_accuracy.py                  # both models, ~400 tokens, 2 threads
     python bench/bench_accuracy.py --models gemma3 --no-llama
@@ -230,6 +232,9 @@ def render(rows: list[dict[str, Any]], llama_note: str) -> bool:
         worse = [f"{r['label']} {p}" for r in rows for p in ("prefill", "decode")
                  if float(compare(r["ours"][p], r["llama"][p])[1]) >= 2.0]
         print("significantly worse than llama.cpp (paired difference >= 2 s.e.): " + (", ".join(worse) or "no row"))
+        better = [f"{r['label']} {p}" for r in rows for p in ("prefill", "decode")
+                  if float(compare(r["ours"][p], r["llama"][p])[1]) <= -2.0]
+        print(f"significantly better (paired difference <= -2 s.e.): {len(better)} of {2 * len(rows)} rows")
         print(f"llama.cpp build: {rows[0]['llama'].get('system', '?')}")
     return met
 

@@ -3,7 +3,8 @@
  * sequential stream of weight bytes per core, which the hardware prefetchers follow across chunks; interleaved
  * chunks would restart them every few KiB) and then helps with the others' shares, so a descheduled thread on a
  * busy machine costs at most the chunk it holds. Paths:
- *   int:   activations quantized to 32-blocks (uk_quantize_act); decode rows use the direct per-type dot kernels
+ *   int:   activations quantized to 32-blocks (uk_quantize_act; int16 blocks for act16 types, uk_quantize_act16,
+ *          whose tile16 kernel serves decode rows and batches alike); decode rows use the direct per-type dot kernels
  *          (or, where the ISA has them, the wide GEMV kernels on an activation row rearranged once per call).
  *          Batches compute every (weight row, activation row) pair with the same float operations in the same
  *          order as a decode row, so that prefill and decode give the same bits (a model amplifies a last-bit
@@ -39,6 +40,7 @@ typedef struct {
     float *y;
     int64_t ldy;
     int8_t *aq;
+    int16_t *aq16;          /* act16 types: the activation rows as int16 blocks (aq unused) */
     float *ad, *as;
     uint8_t *prep;          /* wide GEMV: the rearranged activation rows, prep_stride bytes apart; else NULL */
     int64_t prep_stride;
@@ -54,6 +56,10 @@ typedef struct {
 static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float *y) {
     const int64_t k = c->k, nb = c->nb, m = c->m;
     const int decode = m <= GEMV_MAX_M;
+    if (c->aq16) {                                /* one kernel for decode rows and batches: the same bits */
+        uk_kt.tile16[c->type](k, (int)nr, (int)m, w, c->row_bytes, c->aq16, c->ad, y, c->ldy);
+        return;
+    }
     if (c->prep) {                                /* wide GEMV types: every pair as a decode row sums it */
         if (!decode && uk_kt.gemmw[c->type]) {
             uk_kt.gemmw[c->type](k, w, c->row_bytes, nr, m, c->prep, c->prep_stride, y, c->ldy);
@@ -128,6 +134,10 @@ static void gemm_task(void *arg, int ith, int nth) {
 /* activation row j: quantized, then rearranged for the wide GEMV or the 8-block form where the call uses them */
 static void prep_row(gemm_ctx *c, int64_t j) {
     const int64_t k = c->k, nb = c->nb;
+    if (c->aq16) {
+        uk_kt.quant_act16(c->x + j * c->ldx, k, c->aq16 + j * k, c->ad + j * nb);
+        return;
+    }
     int8_t *aq = c->aq + j * k;
     float *ad = c->ad + j * nb, *as = c->as + j * nb;
     uk_kt.quant_act(c->x + j * c->ldx, k, aq, ad, as);
@@ -152,13 +162,15 @@ static void prep_task(void *arg, int ith, int nth) {
 
 /* scratch for the activation rows of an integer-path call: quantized, and rearranged where needed */
 static int prep_activations(gemm_ctx *c, int nthreads) {
-    const int64_t m = c->m, k = c->k, nb = c->nb;
-    int8_t *aq = uk_scratch(UK_SLOT_SHARED, (size_t)m * (size_t)(k + 8 * nb) + 64);
+    const int64_t m = c->m, k = c->k, nb = c->nb, qbytes = c->tr->act16 ? 2 : 1;
+    int8_t *aq = uk_scratch(UK_SLOT_SHARED, (size_t)m * (size_t)(qbytes * k + 8 * nb) + 64);
     if (!aq) return UK_E_NOMEM;
     c->aq = aq;
-    c->ad = (float *)(aq + m * k + (64 - (m * k) % 64) % 64);
+    c->ad = (float *)(aq + qbytes * m * k + (64 - (qbytes * m * k) % 64) % 64);
     c->as = c->ad + m * nb;
-    if (uk_kt.dotw[c->type]) {                        /* decode rows and batches (see int_chunk) */
+    if (c->tr->act16) {
+        c->aq16 = (int16_t *)aq;
+    } else if (uk_kt.dotw[c->type]) {                        /* decode rows and batches (see int_chunk) */
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));
         if (!c->prep) return UK_E_NOMEM;
@@ -181,6 +193,7 @@ int uk_gemm_path(int type) {
     uk_init();
     const uk_traits_t *tr = uk_traits(type);
     if (!tr) return 0;
+    if (tr->act16) return 4;
     return tr->repack || uk_kt.dotq[type] || type == T_F32 || type == T_F16 || type == T_BF16 ? 2 : 1;
 }
 
@@ -188,6 +201,13 @@ int uk_quantize_act(const float *x, int64_t k, int8_t *q, float *d, float *s) {
     uk_init();
     if (k < 0 || k % QK) return UK_E_ARG;
     uk_kt.quant_act(x, k, q, d, s);
+    return UK_OK;
+}
+
+int uk_quantize_act16(const float *x, int64_t k, int16_t *q, float *d) {
+    uk_init();
+    if (k < 0 || k % QK) return UK_E_ARG;
+    uk_kt.quant_act16(x, k, q, d);
     return UK_OK;
 }
 
@@ -203,7 +223,7 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     c.row_bytes = k / tr->elems * tr->bytes;
     const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
     if (plain) c.path = (mode == 1 && type != T_F32) ? PATH_DEQUANT : PATH_FLOAT;
-    else if (mode == 0 && (tr->repack || uk_kt.dotq[type])) c.path = PATH_INT;
+    else if (mode == 0 && (tr->act16 || tr->repack || uk_kt.dotq[type])) c.path = PATH_INT;
     else c.path = PATH_DEQUANT;
     const int nthreads = uk_get_num_threads();
     if (m <= GEMV_MAX_M) {                    /* decode: enough chunks to balance, at least 8 rows each */

@@ -32,6 +32,28 @@ static void tileq_ref(int64_t k, int nr, int mr, int sign, const uint8_t *wq, co
     }
 }
 
+/* Q8_0 x 16-bit activations: the reference order of every ISA's tile16 (uk_internal.h), for decode and batches */
+static void tile16_q8_0_ref(int64_t k, int nr, int mr, const uint8_t *w, int64_t row_bytes, const int16_t *aq,
+                            const float *ad, float *y, int64_t ldy) {
+    const int64_t nb = k / QK;
+    for (int j = 0; j < mr; j++) {
+        for (int i = 0; i < nr; i++) {
+            const block_q8_0 *x = (const block_q8_0 *)(w + i * row_bytes);
+            const int16_t *a = aq + j * k;
+            const float *da = ad + j * nb;
+            float acc[8] = {0.0f}, tail = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t isum = 0;
+                for (int l = 0; l < QK; l++) isum += x[b].qs[l] * a[QK * b + l];
+                const float sc = uk_h(&x[b].d) * da[b];
+                if (b < nb / 8 * 8) acc[b % 8] = fmaf((float)isum, sc, acc[b % 8]);
+                else tail = fmaf((float)isum, sc, tail);
+            }
+            y[j * ldy + i] = (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))) + tail;
+        }
+    }
+}
+
 /* Q2_K has no tile form (a min per 16 values); its decode dot is the reference of the SIMD ones */
 static float dotq_q2_k_ref(int64_t k, const void *w, const int8_t *aq, const float *ad, const float *as) {
     (void)as;
@@ -73,6 +95,8 @@ void uk_fill_scalar(uk_kernel_table *t) {
     }
     t->dotq[T_Q2_K] = dotq_q2_k_ref;
     t->quant_act = uk_q8a_ref;
+    t->quant_act16 = uk_q16a_ref;
+    t->tile16[T_Q8_0] = tile16_q8_0_ref;
     t->tileq = tileq_ref;
     t->tilef = tilef_ref;
     fill_ops_ref(t);

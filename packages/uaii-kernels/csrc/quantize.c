@@ -324,3 +324,13 @@ void uk_q8a_ref(const float *x, int64_t k, int8_t *q, float *d, float *s) {
     }
 }
 
+/* --- 16-bit activations (Q8_0 weights): q = round-half-even(x * 32767 / amax) as int16, d = amax / 32767 ------ */
+void uk_q16a_ref(const float *x, int64_t k, int16_t *q, float *d) {
+    for (int64_t b = 0; b < k / QK; b++, x += QK, q += QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = UK_MAX(amax, fabsf(x[j]));
+        const float id = amax != 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < QK; j++) q[j] = (int16_t)(int)nearbyintf(x[j] * id);   /* |x * id| <= 32767.004 */
+        d[b] = amax / 32767.0f;
+    }
+}

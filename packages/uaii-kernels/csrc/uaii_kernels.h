@@ -60,10 +60,13 @@ int uk_get_rows(int type, const void *table, int64_t n_rows, int64_t n_cols, con
 int uk_copy(void *dst, const void *src, int64_t n);
 /* The activation format of the integer path: per 32 values an int8 block, its scale d and s = d * sum(q). */
 int uk_quantize_act(const float *x, int64_t k, int8_t *q, float *d, float *s);
+/* The activation format of the integer path for Q8_0 weights: per 32 values an int16 block and its scale d. */
+int uk_quantize_act16(const float *x, int64_t k, int16_t *q, float *d);
 
 /* --- y = x . W^T -------------------------------------------------------------------------------------------- */
-/* 2: integer (Q8 activation) fast path or native float path, 1: dequantize-rows-then-f32-dot path, 0: none
-   (3, integer decode rows and f32 batches, is no longer returned: batches sum exactly as decode rows do). */
+/* 2: integer (8-bit activation) fast path or native float path, 4: integer path with 16-bit activations (Q8_0),
+   1: dequantize-rows-then-f32-dot path, 0: none (3, integer decode rows and f32 batches, is no longer returned:
+   batches sum exactly as decode rows do). */
 int uk_gemm_path(int type);
 /* W [n, k] of `type` stays packed; x [m, k] f32 with row stride ldx; y [m, n] f32 with row stride ldy.
    mode 0: the fastest path for the type; mode 1: always dequantize weight rows to f32 and use f32 dots.

@@ -11,6 +11,7 @@
 #include "x86_ops.inc"
 #include "x86_quant.inc"
 #include "x86_gemv.inc"
+#include "x86_act16.inc"
 #include "x86_pack8.inc"
 #include "x86_gemm.inc"
 

@@ -98,6 +98,12 @@ int main(void) {
         uk_quantize_act(x, K, q1, d1, s1);
         if (memcmp(q0, q1, K) || memcmp(d0, d1, sizeof d0) || memcmp(s0, s1, sizeof s0))
             fail(names[isa], "quantize_act", -1, 1);
+        int16_t h0[K], h1[K];                          /* the 16-bit form (Q8_0 weights): bit-exact too */
+        uk_set_isa(0);
+        uk_quantize_act16(x, K, h0, d0);
+        uk_set_isa(isa);
+        uk_quantize_act16(x, K, h1, d1);
+        if (memcmp(h0, h1, sizeof h0) || memcmp(d0, d1, sizeof d0)) fail(names[isa], "quantize_act16", -1, 1);
         for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
             const tdesc *td = &TYPES[t];
             random_weight(td, w, (int64_t)N * K / td->elems);
@@ -113,6 +119,13 @@ int main(void) {
                 uk_gemm(td->type, w, N, K, x, m, K, y1, N, 0);
                 const double e = rel_err(y1, y0, (int64_t)m * N);
                 if (!(e < 2e-5)) fail(names[isa], "gemm", td->type, e);
+                for (int64_t kk = K; td->type == 8 && kk >= 352; kk -= K - 352) {   /* Q8_0 x int16: the bits */
+                    uk_set_isa(0);
+                    uk_gemm(td->type, w, N, kk, x, m, kk, y0, N, 0);
+                    uk_set_isa(isa);
+                    uk_gemm(td->type, w, N, kk, x, m, kk, y1, N, 0);
+                    if (memcmp(y0, y1, sizeof(float) * (size_t)(m * N))) fail(names[isa], "gemm bits", 8, 1);
+                }
             }
             check_rows(names[isa], td, w, x, N, K, M, y0, y1);
             if (td->elems == 32) check_rows(names[isa], td, w, x, N, 352, M, y0, y1);   /* 3 blocks past 8 */

@@ -44,14 +44,22 @@ from uaii.kernels.ops import (
     topk,
     yarn_attn_factor,
 )
-from uaii.kernels.quant import DEQUANT_TYPES, QUANT_TYPES, dequantize, get_rows, quantize, quantize_activations
+from uaii.kernels.quant import (
+    DEQUANT_TYPES,
+    QUANT_TYPES,
+    dequantize,
+    get_rows,
+    quantize,
+    quantize_activations,
+    quantize_activations16,
+)
 
 __version__ = _version("uaii-kernels")
 __all__ = [
     "DEQUANT_TYPES", "FAST_TYPES", "QUANT_TYPES", "IGemm", "KernelError", "PackedWeight", "__version__", "add",
     "argmax", "attention", "available_isas", "best_isa", "dequantize", "geglu", "gelu", "gemm_path",
     "gemm_providers", "get_gemm", "get_isa", "get_num_threads", "get_rows", "glu", "layer_norm", "matmul", "mul",
-    "num_threads", "quantize", "quantize_activations", "register_gemm_provider", "rms_norm", "rope",
-    "rope_inv_freq", "set_isa", "set_num_threads", "silu", "softmax", "swiglu", "topk", "use_isa",
+    "num_threads", "quantize", "quantize_activations", "quantize_activations16", "register_gemm_provider",
+    "rms_norm", "rope", "rope_inv_freq", "set_isa", "set_num_threads", "silu", "softmax", "swiglu", "topk", "use_isa",
     "yarn_attn_factor",
 ]

@@ -205,12 +205,12 @@ def matmul(x: np.ndarray, w: PackedWeight, *, out: np.ndarray | None = None, pro
 
 
 def gemm_path(dtype: DType | str) -> str:
-    """How c-q8dot runs a weight type on the current ISA: "int8-dot" (8-bit activations), "float" or
-    "dequant-f32". Raises UnsupportedDType."""
+    """How c-q8dot runs a weight type: "int8-dot" (8-bit activations), "int16-dot" (16-bit activations: Q8_0),
+    "float" or "dequant-f32". Raises UnsupportedDType."""
     dt = DType.parse(dtype)
     if dt not in DEQUANT_TYPES:
         raise UnsupportedDType(dt, "gemm weights")
     assert dt.gguf_id is not None
     if dt in (DType.F32, DType.F16, DType.BF16):
         return "float"
-    return "int8-dot" if lib.uk_gemm_path(dt.gguf_id) == 2 else "dequant-f32"
+    return {2: "int8-dot", 4: "int16-dot"}.get(lib.uk_gemm_path(dt.gguf_id), "dequant-f32")

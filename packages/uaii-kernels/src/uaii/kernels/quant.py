@@ -123,3 +123,16 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     check(lib.uk_quantize_act(f32(src), src.size, ffi.cast("int8_t *", ffi.from_buffer(q)), f32(d), f32(s)),
           "quantize_activations")
     return q, d, s
+
+
+def quantize_activations16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The activation format of the integer GEMM path for Q8_0 weights (for tests and tools): per 32 values int16
+    q = round-half-even(x * 32767 / amax) and the scale d = amax / 32767. Returns (q int16 [k], d float32 [k/32])."""
+    src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if src.size % 32:
+        raise KernelError(f"[kernels] quantize_activations16: size must be a multiple of 32, got {src.size}")
+    q = np.empty(src.size, np.int16)
+    d = np.empty(src.size // 32, np.float32)
+    check(lib.uk_quantize_act16(f32(src), src.size, ffi.cast("int16_t *", ffi.from_buffer(q)), f32(d)),
+          "quantize_activations16")
+    return q, d
