@@ -47,6 +47,13 @@ def test_exact_mode_batch_rows_equal_decode_rows(dt: DType, isa: str, rng: np.ra
     _check(dt, 512, rng, "c-f32")
 
 
+@pytest.mark.parametrize("dt", [DType.Q8_0, DType.Q4_K], ids=lambda d: d.value)
+def test_precise_mode_batch_rows_equal_decode_rows(dt: DType, isa: str, rng: np.random.Generator) -> None:
+    """Mode 2 (c-precise: Q8_0's 16-bit activations, mode 0 for the others) keeps the guarantee."""
+    for k in (K256 if dt.block_size == 256 else K32):
+        _check(dt, k, rng, "c-precise")
+
+
 def test_batch_rows_equal_decode_rows_with_threads(rng: np.random.Generator) -> None:
     """Rows are split between threads, never a row's sum: the thread count changes nothing."""
     w = K.PackedWeight.from_raw(random_weight(DType.Q6_K, 300, 768, seed=2), DType.Q6_K, (300, 768))

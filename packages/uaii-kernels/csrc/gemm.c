@@ -3,8 +3,7 @@
  * sequential stream of weight bytes per core, which the hardware prefetchers follow across chunks; interleaved
  * chunks would restart them every few KiB) and then helps with the others' shares, so a descheduled thread on a
  * busy machine costs at most the chunk it holds. Paths:
- *   int:   activations quantized to 32-blocks (uk_quantize_act; int16 blocks for act16 types, uk_quantize_act16,
- *          whose tile16 kernel serves decode rows and batches alike); decode rows use the direct per-type dot kernels
+ *   int:   activations quantized to 32-blocks (uk_quantize_act); decode rows use the direct per-type dot kernels
  *          (or, where the ISA has them, the wide GEMV kernels on an activation row rearranged once per call).
  *          Batches compute every (weight row, activation row) pair with the same float operations in the same
  *          order as a decode row, so that prefill and decode give the same bits (a model amplifies a last-bit
@@ -12,6 +11,9 @@
  *          activation row; types with a direct dot pack a chunk of weight rows into the 8-block form
  *          (x86_pack8.inc) once and run tile8 over every activation row, which repeats the dot's sums; the
  *          others (scalar, NEON) repack the chunk into the tile form (repack.c), which decode rows use too.
+ *   int16 (mode 2, act16 types: Q8_0): activations as int16 blocks (uk_quantize_act16), one tile16 kernel for
+ *          decode rows and batches. ~100x less activation error than int8, ~2.5x slower batches: for a projection
+ *          whose output a caller needs exact-ish (the logits), not for a whole model. Other types: mode 0.
  *   float: F32 rows are used in place and F16/BF16 rows widened in registers (tileh) or by chunks, then the f32
  *          tile kernel, for decode rows and batches alike.
  *   f32 (mode 1): dequantize a chunk of rows, then the f32 tile kernel. */
@@ -31,7 +33,7 @@ typedef struct {
 } share_t;
 
 typedef struct {
-    int type, path;
+    int type, path, act16;  /* act16: the int16 path of mode 2 (PATH_INT) */
     const uk_traits_t *tr;
     const uint8_t *w;
     int64_t n, k, nb, row_bytes;
@@ -40,7 +42,7 @@ typedef struct {
     float *y;
     int64_t ldy;
     int8_t *aq;
-    int16_t *aq16;          /* act16 types: the activation rows as int16 blocks (aq unused) */
+    int16_t *aq16;          /* mode 2 on act16 types: the activation rows as int16 blocks (aq unused); else NULL */
     float *ad, *as;
     uint8_t *prep;          /* wide GEMV: the rearranged activation rows, prep_stride bytes apart; else NULL */
     int64_t prep_stride;
@@ -162,15 +164,15 @@ static void prep_task(void *arg, int ith, int nth) {
 
 /* scratch for the activation rows of an integer-path call: quantized, and rearranged where needed */
 static int prep_activations(gemm_ctx *c, int nthreads) {
-    const int64_t m = c->m, k = c->k, nb = c->nb, qbytes = c->tr->act16 ? 2 : 1;
+    const int64_t m = c->m, k = c->k, nb = c->nb, qbytes = c->act16 ? 2 : 1;
     int8_t *aq = uk_scratch(UK_SLOT_SHARED, (size_t)m * (size_t)(qbytes * k + 8 * nb) + 64);
     if (!aq) return UK_E_NOMEM;
     c->aq = aq;
     c->ad = (float *)(aq + qbytes * m * k + (64 - (qbytes * m * k) % 64) % 64);
     c->as = c->ad + m * nb;
-    if (c->tr->act16) {
+    if (c->act16) {
         c->aq16 = (int16_t *)aq;
-    } else if (uk_kt.dotw[c->type]) {                        /* decode rows and batches (see int_chunk) */
+    } else if (uk_kt.dotw[c->type]) {                /* decode rows and batches (see int_chunk) */
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));
         if (!c->prep) return UK_E_NOMEM;
@@ -189,13 +191,17 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
     return UK_OK;
 }
 
-int uk_gemm_path(int type) {
+int uk_gemm_path_mode(int type, int mode) {
     uk_init();
     const uk_traits_t *tr = uk_traits(type);
-    if (!tr) return 0;
-    if (tr->act16) return 4;
-    return tr->repack || uk_kt.dotq[type] || type == T_F32 || type == T_F16 || type == T_BF16 ? 2 : 1;
+    if (!tr || mode < 0 || mode > 2) return 0;
+    const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
+    if (mode == 1) return type == T_F32 ? 2 : 1;
+    if (mode == 2 && tr->act16) return 4;
+    return tr->repack || uk_kt.dotq[type] || plain ? 2 : 1;
 }
+
+int uk_gemm_path(int type) { return uk_gemm_path_mode(type, 0); }
 
 int uk_quantize_act(const float *x, int64_t k, int8_t *q, float *d, float *s) {
     uk_init();
@@ -216,14 +222,17 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     uk_init();
     const uk_traits_t *tr = uk_traits(type);
     if (!tr) return UK_E_TYPE;
-    if (n < 0 || k <= 0 || m < 0 || ldx < k || ldy < n || k % tr->elems) return UK_E_ARG;
+    if (n < 0 || k <= 0 || m < 0 || ldx < k || ldy < n || k % tr->elems || mode < 0 || mode > 2) return UK_E_ARG;
     if (n == 0 || m == 0) return UK_OK;
     gemm_ctx c = {.type = type, .tr = tr, .w = w, .n = n, .k = k, .nb = k / QK, .x = x, .m = m, .ldx = ldx,
                   .y = y, .ldy = ldy};
     c.row_bytes = k / tr->elems * tr->bytes;
     const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
     if (plain) c.path = (mode == 1 && type != T_F32) ? PATH_DEQUANT : PATH_FLOAT;
-    else if (mode == 0 && (tr->act16 || tr->repack || uk_kt.dotq[type])) c.path = PATH_INT;
+    else if (mode == 2 && tr->act16) {
+        c.path = PATH_INT;
+        c.act16 = 1;
+    } else if (mode != 1 && (tr->repack || uk_kt.dotq[type])) c.path = PATH_INT;
     else c.path = PATH_DEQUANT;
     const int nthreads = uk_get_num_threads();
     if (m <= GEMV_MAX_M) {                    /* decode: enough chunks to balance, at least 8 rows each */

@@ -241,6 +241,7 @@ void uk_repack_q4_0(const void *, int64_t, uint8_t *, float *, float *);
 void uk_repack_q4_1(const void *, int64_t, uint8_t *, float *, float *);
 void uk_repack_q5_0(const void *, int64_t, uint8_t *, float *, float *);
 void uk_repack_q5_1(const void *, int64_t, uint8_t *, float *, float *);
+void uk_repack_q8_0(const void *, int64_t, uint8_t *, float *, float *);
 void uk_repack_q3_k(const void *, int64_t, uint8_t *, float *, float *);
 void uk_repack_q4_k(const void *, int64_t, uint8_t *, float *, float *);
 void uk_repack_q5_k(const void *, int64_t, uint8_t *, float *, float *);
@@ -264,7 +265,7 @@ static const uk_traits_t TRAITS[UK_NTYPES] = {
     [T_Q4_1] = {"q4_1", 32, 20, deq_q4_1, uk_quant_q4_1, uk_repack_q4_1, 0},
     [T_Q5_0] = {"q5_0", 32, 22, deq_q5_0, uk_quant_q5_0, uk_repack_q5_0, 0},
     [T_Q5_1] = {"q5_1", 32, 24, deq_q5_1, uk_quant_q5_1, uk_repack_q5_1, 0},
-    [T_Q8_0] = {"q8_0", 32, 34, deq_q8_0, uk_quant_q8_0, NULL, 0, 1},
+    [T_Q8_0] = {"q8_0", 32, 34, deq_q8_0, uk_quant_q8_0, uk_repack_q8_0, 1, 1},
     [T_Q2_K] = {"q2_k", 256, 84, deq_q2_k, NULL, NULL, 0},
     [T_Q3_K] = {"q3_k", 256, 110, deq_q3_k, NULL, uk_repack_q3_k, 1},
     [T_Q4_K] = {"q4_k", 256, 144, deq_q4_k, uk_quant_q4_k, uk_repack_q4_k, 0},

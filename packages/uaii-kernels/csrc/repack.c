@@ -51,6 +51,15 @@ void uk_repack_q5_1(const void *src, int64_t nb, uint8_t *q, float *sc, float *m
     }
 }
 
+void uk_repack_q8_0(const void *src, int64_t nb, uint8_t *q, float *sc, float *mn) {
+    const block_q8_0 *x = src;
+    for (int64_t i = 0; i < nb; i++, q += 32) {
+        memcpy(q, x[i].qs, 32);
+        sc[2 * i] = sc[2 * i + 1] = uk_h(&x[i].d);
+        mn[i] = 0.0f;
+    }
+}
+
 void uk_repack_iq4_nl(const void *src, int64_t nb, uint8_t *q, float *sc, float *mn) {
     const block_iq4_nl *x = src;
     for (int64_t i = 0; i < nb; i++, q += 32) {

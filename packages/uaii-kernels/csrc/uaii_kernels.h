@@ -60,17 +60,21 @@ int uk_get_rows(int type, const void *table, int64_t n_rows, int64_t n_cols, con
 int uk_copy(void *dst, const void *src, int64_t n);
 /* The activation format of the integer path: per 32 values an int8 block, its scale d and s = d * sum(q). */
 int uk_quantize_act(const float *x, int64_t k, int8_t *q, float *d, float *s);
-/* The activation format of the integer path for Q8_0 weights: per 32 values an int16 block and its scale d. */
+/* The activation format of uk_gemm's mode 2 for Q8_0 weights: per 32 values an int16 block and its scale d. */
 int uk_quantize_act16(const float *x, int64_t k, int16_t *q, float *d);
 
 /* --- y = x . W^T -------------------------------------------------------------------------------------------- */
-/* 2: integer (8-bit activation) fast path or native float path, 4: integer path with 16-bit activations (Q8_0),
-   1: dequantize-rows-then-f32-dot path, 0: none (3, integer decode rows and f32 batches, is no longer returned:
-   batches sum exactly as decode rows do). */
+/* The path uk_gemm takes for `type` in `mode`: 2: integer (8-bit activation) fast path or native float path,
+   4: integer path with 16-bit activations (mode 2 on Q8_0), 1: dequantize-rows-then-f32-dot path, 0: none or an
+   unknown mode (3, integer decode rows and f32 batches, is no longer returned: batches sum exactly as decode rows
+   do). uk_gemm_path(type) is uk_gemm_path_mode(type, 0). */
 int uk_gemm_path(int type);
+int uk_gemm_path_mode(int type, int mode);
 /* W [n, k] of `type` stays packed; x [m, k] f32 with row stride ldx; y [m, n] f32 with row stride ldy.
-   mode 0: the fastest path for the type; mode 1: always dequantize weight rows to f32 and use f32 dots.
-   In both modes row j of y has the same bits whatever m and the thread count (prefill and decode agree). */
+   mode 0: the fastest path for the type; mode 1: always dequantize weight rows to f32 and use f32 dots;
+   mode 2 ("precise"): 16-bit activations for the types that have such a kernel (Q8_0: ~100x less activation error
+   than mode 0, batches ~2.5x slower), exactly mode 0 for the others. Any other mode: UK_E_ARG.
+   In every mode row j of y has the same bits whatever m and the thread count (prefill and decode agree). */
 int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
             float *y, int64_t ldy, int mode);
 

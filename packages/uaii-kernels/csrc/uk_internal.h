@@ -135,10 +135,11 @@ typedef struct {
     int elems, bytes;
     uk_rows_fn dequant;        /* scalar reference, bit-exact with gguf-py */
     uk_quant_fn quant;         /* scalar, NULL when not implemented */
-    uk_repack_fn repack;       /* NULL: the f32 fallback path (act16 types: the tile16 kernels instead) */
+    uk_repack_fn repack;       /* NULL: the f32 fallback path */
     int repack_signed;         /* q is int8 (else uint8 with 0 <= q <= 63 and a min term) */
-    int act16;                 /* activations as int16 blocks (uk_q16a_ref) and the tile16 kernels: Q8_0, whose
-                                  8-bit weights leave the 8-bit activations as the larger error of the product */
+    int act16;                 /* uk_gemm mode 2 ("precise") runs 16-bit activations (uk_q16a_ref) and the tile16
+                                  kernels: Q8_0, whose 8-bit weights leave the 8-bit activations as the larger error
+                                  of the product; modes 0 and 1 never use them */
 } uk_traits_t;
 
 const uk_traits_t *uk_traits(int type);      /* NULL for an unknown or unsupported type */
@@ -156,13 +157,13 @@ typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const 
 typedef void (*uk_dotw_fn)(int64_t k, const uint8_t *w, int64_t row_bytes, int64_t nr, const uint8_t *prep, float *y);
 #define UK_GPREP_BYTES(k) ((size_t)(k) * 2 + 512)
 typedef void (*uk_qact_fn)(const float *x, int64_t k, int8_t *q, float *d, float *s);
-/* The 16-bit activation form (act16 types): per 32 values q = round-half-even(x * 32767 / amax) as int16 and
-   d = amax / 32767. tile16 computes y[j*ldy + i] = w_i . a_j for nr weight rows in their GGUF bytes (row_bytes
-   apart) and mr such activation rows (aq: k values apart, ad: k/32 scales apart). Decode rows and batches use it
-   alike, and every ISA sums each pair with the float operations of the scalar reference (tile16_q8_0_ref) in its
-   order, so every path gives the same bits: per block the exact int32 dot isum (32 products of |w| <= 128 and
-   |a| <= 32767: at most 2^27 in magnitude), per group of 8 blocks lane l: acc[l] = fma(isum, dw * da, acc[l]),
-   the blocks past the last group: tail = fma(isum, dw * da, tail), then
+/* The 16-bit activation form (act16 types, uk_gemm mode 2): per 32 values q = round-half-even(x * 32767 / amax)
+   as int16 and d = amax / 32767. tile16 computes y[j*ldy + i] = w_i . a_j for nr weight rows in their GGUF bytes
+   (row_bytes apart) and mr such activation rows (aq: k values apart, ad: k/32 scales apart). Decode rows and
+   batches use it alike, and every ISA sums each pair with the float operations of the scalar reference
+   (tile16_q8_0_ref) in its order, so every path gives the same bits: per block the exact int32 dot isum (32
+   products of |w| <= 128 and |a| <= 32767: at most 2^27 in magnitude), per group of 8 blocks lane l:
+   acc[l] = fma(isum, dw * da, acc[l]), the blocks past the last group: tail = fma(isum, dw * da, tail), then
    y = (((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))) + tail. */
 typedef void (*uk_qact16_fn)(const float *x, int64_t k, int16_t *q, float *d);
 typedef void (*uk_tile16_fn)(int64_t k, int nr, int mr, const uint8_t *w, int64_t row_bytes, const int16_t *aq,
@@ -210,7 +211,7 @@ typedef struct {
     uk_dotw_fn dotw[UK_NTYPES];
     uk_qact_fn quant_act;
     uk_qact16_fn quant_act16;
-    uk_tile16_fn tile16[UK_NTYPES];  /* act16 types: decode rows and batches (filled on every ISA) */
+    uk_tile16_fn tile16[UK_NTYPES];  /* act16 types in mode 2: decode rows and batches (filled on every ISA) */
     uk_tileq_fn tileq;
     uk_tilef_fn tilef;
     uk_tileh_fn tileh;               /* NULL: widen a chunk, then tilef */

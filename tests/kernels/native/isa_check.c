@@ -58,18 +58,25 @@ static double rel_err(const float *a, const float *b, int64_t n) {
 }
 
 /* a batch of M activation rows gives, row for row, the bits of one row at a time (prefill and decode agree: the
-   batch kernels sum as the decode kernels do; see test_batch_matches_decode.py for why bits) */
-static void check_rows(const char *isa, const tdesc *td, const uint8_t *w, const float *x, int64_t n, int64_t k,
-                       int64_t m, float *yb, float *yr) {
-    uk_gemm(td->type, w, n, k, x, m, k, yb, n, 0);
+   batch kernels sum as the decode kernels do; see test_batch_matches_decode.py for why bits); in mode 0 and in
+   mode 2 ("precise": Q8_0's 16-bit activations) */
+static void check_rows_mode(const char *isa, const tdesc *td, const uint8_t *w, const float *x, int64_t n,
+                            int64_t k, int64_t m, float *yb, float *yr, int mode) {
+    uk_gemm(td->type, w, n, k, x, m, k, yb, n, mode);
     for (int64_t j = 0; j < m; j++) {
-        uk_gemm(td->type, w, n, k, x + j * k, 1, k, yr, n, 0);
+        uk_gemm(td->type, w, n, k, x + j * k, 1, k, yr, n, mode);
         if (memcmp(yb + j * n, yr, sizeof(float) * (size_t)n)) {
             fail(isa, k == 512 ? "batch rows != decode rows (k 512)" : "batch rows != decode rows (k 352)",
-                 td->type, 1);
+                 td->type, 1 + mode);
             return;
         }
     }
+}
+
+static void check_rows(const char *isa, const tdesc *td, const uint8_t *w, const float *x, int64_t n, int64_t k,
+                       int64_t m, float *yb, float *yr) {
+    check_rows_mode(isa, td, w, x, n, k, m, yb, yr, 0);
+    check_rows_mode(isa, td, w, x, n, k, m, yb, yr, 2);
 }
 
 int main(void) {
@@ -119,11 +126,11 @@ int main(void) {
                 uk_gemm(td->type, w, N, K, x, m, K, y1, N, 0);
                 const double e = rel_err(y1, y0, (int64_t)m * N);
                 if (!(e < 2e-5)) fail(names[isa], "gemm", td->type, e);
-                for (int64_t kk = K; td->type == 8 && kk >= 352; kk -= K - 352) {   /* Q8_0 x int16: the bits */
+                for (int64_t kk = K; td->type == 8 && kk >= 352; kk -= K - 352) {   /* mode 2, Q8_0 x int16: bits */
                     uk_set_isa(0);
-                    uk_gemm(td->type, w, N, kk, x, m, kk, y0, N, 0);
+                    uk_gemm(td->type, w, N, kk, x, m, kk, y0, N, 2);
                     uk_set_isa(isa);
-                    uk_gemm(td->type, w, N, kk, x, m, kk, y1, N, 0);
+                    uk_gemm(td->type, w, N, kk, x, m, kk, y1, N, 2);
                     if (memcmp(y0, y1, sizeof(float) * (size_t)(m * N))) fail(names[isa], "gemm bits", 8, 1);
                 }
             }

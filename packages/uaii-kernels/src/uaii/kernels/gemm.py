@@ -7,6 +7,10 @@ A provider implements :class:`IGemm`; providers are listed by :func:`gemm_provid
                    products (VNNI / AVX2 / NEON / scalar) for block types; F32/F16/BF16 weights in float. Decode
                    (1-3 rows) runs per-type GEMV kernels, batches a cache-blocked tile kernel over repacked chunks
                    of weight rows that sums every row exactly as the GEMV kernel does (same bits).
+``c-precise``      c-q8dot with 16-bit activations for the types that have such a kernel (Q8_0: ~100x less
+                   activation error, batches ~2.5x slower), the same as c-q8dot for the others (C mode 2). For a
+                   projection whose output matters more than its time: the CPU backend runs a graph's output
+                   MatMul (the logits, one row per generated token) this way.
 ``c-f32``          the C kernels, dequantizing chunks of weight rows to f32 and using f32 dots (every type).
 ``numpy-dequant``  the reference: dequantize the whole weight, then numpy's BLAS matmul in f32.
 
@@ -118,7 +122,8 @@ class IGemm(Protocol):
 
 
 class _CGemm:
-    """The C kernels; mode 0 picks the fastest path per type, mode 1 dequantizes rows and uses f32 dots."""
+    """The C kernels (``uk_gemm``); mode 0 picks the fastest path per type, mode 1 dequantizes rows and uses f32
+    dots, mode 2 is mode 0 with 16-bit activations where a type has that kernel. One driver serves all three."""
 
     def __init__(self, name: str, mode: int) -> None:
         self.name = name
@@ -158,8 +163,9 @@ class NumpyDequantGemm:
 
 C_Q8DOT = _CGemm("c-q8dot", 0)
 C_F32 = _CGemm("c-f32", 1)
+C_PRECISE = _CGemm("c-precise", 2)
 NUMPY_DEQUANT = NumpyDequantGemm()
-_BUILTIN: dict[str, IGemm] = {p.name: p for p in (C_Q8DOT, C_F32, NUMPY_DEQUANT)}
+_BUILTIN: dict[str, IGemm] = {p.name: p for p in (C_Q8DOT, C_F32, C_PRECISE, NUMPY_DEQUANT)}
 _PROVIDERS: dict[str, IGemm] = dict(_BUILTIN)
 _loaded_plugins = False
 
@@ -204,13 +210,14 @@ def matmul(x: np.ndarray, w: PackedWeight, *, out: np.ndarray | None = None, pro
     return get_gemm(provider).gemm(x, w, out)
 
 
-def gemm_path(dtype: DType | str) -> str:
-    """How c-q8dot runs a weight type: "int8-dot" (8-bit activations), "int16-dot" (16-bit activations: Q8_0),
-    "float" or "dequant-f32". Raises UnsupportedDType."""
+def gemm_path(dtype: DType | str, *, precise: bool = False) -> str:
+    """How c-q8dot (``precise``: c-precise) runs a weight type: "int8-dot" (8-bit activations), "int16-dot" (16-bit
+    activations: Q8_0 in c-precise), "float" or "dequant-f32". Raises UnsupportedDType."""
     dt = DType.parse(dtype)
     if dt not in DEQUANT_TYPES:
         raise UnsupportedDType(dt, "gemm weights")
     assert dt.gguf_id is not None
     if dt in (DType.F32, DType.F16, DType.BF16):
         return "float"
-    return {2: "int8-dot", 4: "int16-dot"}.get(lib.uk_gemm_path(dt.gguf_id), "dequant-f32")
+    path = lib.uk_gemm_path_mode(dt.gguf_id, 2 if precise else 0)          # uk_gemm's modes of the two providers
+    return {2: "int8-dot", 4: "int16-dot"}.get(path, "dequant-f32")

@@ -126,7 +126,7 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def quantize_activations16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The activation format of the integer GEMM path for Q8_0 weights (for tests and tools): per 32 values int16
+    """The activation format of c-precise (uk_gemm mode 2) for Q8_0 weights (for tests and tools): per 32 values int16
     q = round-half-even(x * 32767 / amax) and the scale d = amax / 32767. Returns (q int16 [k], d float32 [k/32])."""
     src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if src.size % 32:
