@@ -1,10 +1,12 @@
 """Knobs of uaii-backends (environment variables), read when they are needed.
 
 ``UAII_CPU_GEMM``  ``fast`` (default): the kernels' fastest GEMM per weight type — int8 dot products over 8-bit
-                   quantized activations for block-quantized weights, as llama.cpp does; ``f32``: weights dequantized
-                   row by row and float32 dot products (the exact result of the dequantized weights, slower). The
-                   default of the CPU backend's compile option ``gemm=`` (the Session option ``gemm``, the CLI's
-                   ``--gemm``). Either mode gives prefill and decode the same bits for the same position.
+                   quantized activations for block-quantized weights, as llama.cpp does, and 16-bit activations for
+                   the output projection where the type has that kernel (Q8_0; ``uk_gemm`` mode 2); ``f32``:
+                   weights dequantized row by row and float32 dot products (the exact result of the dequantized
+                   weights, slower). The default of the CPU backend's compile option ``gemm=`` (the Session option
+                   ``gemm``, the CLI's ``--gemm``). Either mode gives prefill and decode the same bits for the same
+                   position.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ class SessionOptions:
     max_batch: tokens per prefill step (the prompt runs in chunks of this many).
     plan_cache: use the on-disk plan cache.
     gemm: how the CPU multiplies block-quantized weights: ``"fast"`` (int8 dot products over 8-bit quantized
-        activations, as llama.cpp; see docs/kernels.md for its accuracy) or ``"f32"`` (dequantized weights and
+        activations, as llama.cpp; 16-bit activations for the output projection where the weight type has that
+        kernel, Q8_0 today; see docs/kernels.md for its accuracy) or ``"f32"`` (dequantized weights and
         float32 dots: the exact result, slower). None: ``$UAII_CPU_GEMM``, else fast.
     """
 

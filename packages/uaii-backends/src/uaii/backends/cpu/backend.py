@@ -68,8 +68,9 @@ class CpuBackend(BackendBase):
                 chunk_bytes: int = 0, **_: Any) -> CpuExecutable:
         """Bind ``graph`` for execution. ``max_tokens`` sizes the arena for prefill chunks (default: the plan's
         ``max_tokens``, else 512); ``kv_state`` binds cached Attention nodes to a KVState (``new_state``).
-        ``gemm``: ``"fast"`` (int8 dot products for block-quantized weights) or ``"f32"`` (exact float dots);
-        default ``$UAII_CPU_GEMM`` or fast.
+        ``gemm``: ``"fast"`` (int8 dot products for block-quantized weights; the output projection of Q8_0 weights
+        over 16-bit activations, see CpuExecutable.gemm_mode_for) or ``"f32"`` (exact float dots); default
+        ``$UAII_CPU_GEMM`` or fast.
         ``streamed``: weight references that are not bound at compile time but acquired from ``weights`` (a
         streaming store) around the steps that read them, queued in execution order (see cpu/streaming.py);
         ``expert_cache`` serves streamed MoE expert banks by expert; a streamed MatMul weight whose read window

@@ -112,6 +112,10 @@ class Bind:
         """A weight (or constant) as contiguous float32, converted once per compile."""
         return self.exe.f32_weight(name)
 
+    def gemm_mode(self, value: str) -> int:
+        """The uk_gemm mode of the GEMM step that writes ``value`` (CpuExecutable.gemm_mode_for)."""
+        return int(self.exe.gemm_mode_for(value))
+
     def scratch(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         buf = np.empty(shape, dtype)
         self.keep.append(buf)

@@ -25,13 +25,19 @@ from uaii.backends.cpu.ops_fast import FAST, rope_inv_freq
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.streaming import StreamingWeights
 from uaii.ir import Graph, Tensor
+from uaii.ir.ops import UNARY
 from uaii.kernels import PackedWeight
 
 GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA}
 MAX_BINDINGS = 8
 GEMM_MODES = {"fast": 0, "f32": 1}
 """``fast``: the kernels' fastest path per weight type (int8 dot products on 8-bit quantized activations for block
-types, as llama.cpp); ``f32``: weights dequantized row by row and float32 dot products (exact, slower)."""
+types, as llama.cpp), and 16-bit activations for the output projection where the type has them (see
+:meth:`CpuExecutable.gemm_mode_for`); ``f32``: weights dequantized row by row and float32 dot products (exact,
+slower), everywhere."""
+PRECISE = 2
+"""uk_gemm's mode 2 ("precise"): 16-bit activations for the weight types that have such a kernel (Q8_0), else mode 0."""
+GEMM_OPS = frozenset({"MatMul", "MatMulRelu", "GroupedMatMul"})
 
 
 @dataclass
@@ -55,6 +61,7 @@ class CpuExecutable:
             raise BackendError(f"[backend] gemm must be one of {', '.join(GEMM_MODES)}, found {gemm!r}")
         self.gemm_mode = GEMM_MODES[gemm]
         self.graph = graph
+        self.output_projections = output_projections(graph) if gemm == "fast" else frozenset()
         self.infos = infos
         self.max_tokens = max(int(max_tokens), 1)
         self.memory_reuse = memory_reuse
@@ -101,6 +108,18 @@ class CpuExecutable:
             self.kv_layer[node.name] = len(self.kv_dims)
             self.kv_dims.append((int(k_shape[1]), int(k_shape[2]), int(v_shape[2])))
             self.stateful.update(x for x in (pk, pv, nk, nv) if x)
+
+    def gemm_mode_for(self, value: str) -> int:
+        """The uk_gemm mode of the GEMM step that writes ``value``: mode 2 for the output projections in the
+        ``fast`` mode, else the compile option's mode.
+
+        Why: with Q8_0 weights the 8-bit activations are the larger error of the product, and the output projection's
+        error reaches the next-token distribution directly (SmolLM2's KL from the exact model fell by a third with
+        that one layer exact). 16-bit activations there cost little: in generation the Session computes the logits
+        of one row per step, while on every other layer they would make a Q8_0 model's prefill ~2.5x slower. Mode 2
+        keeps the kernels' guarantee (a row's bits do not depend on the batch or the threads), so prefill and
+        decode still agree. The mapped and the streamed paths both ask here, so they choose the same."""
+        return PRECISE if value in self.output_projections else self.gemm_mode
 
     @property
     def has_kv(self) -> bool:
@@ -333,6 +352,22 @@ class CpuExecutable:
         self.closed = True
 
 
+def output_projections(graph: Graph) -> frozenset[str]:
+    """The values written by GEMM nodes (MatMul, MatMulRelu, GroupedMatMul) that are graph outputs, directly or
+    through unary element-wise ops (a final Softcap or Cast, as Session's last-row rewrite allows): the logits of a
+    language model. Asked of the graph's outputs, never of value names."""
+    producers = graph.producers()
+    found: set[str] = set()
+    for value in graph.outputs:
+        node = producers.get(value)
+        while node is not None and (node.op in UNARY or node.op == "Identity"):
+            value = node.inputs[0]
+            node = producers.get(value)
+        if node is not None and node.op in GEMM_OPS:
+            found.add(value)
+    return frozenset(found)
+
+
 def lower_node(b: Bind, info: NodeInfo) -> list[Step]:
     """The steps of one node: the kernel lowering when it fits, else the generic (numpy) one."""
     fast = FAST.get(info.node.op)
@@ -382,4 +417,4 @@ def _view(info: NodeInfo, src: np.ndarray, src_t: VType, out_t: VType) -> np.nda
     return src.reshape(out_t.shape)
 
 
-__all__ = ["Binding", "CpuExecutable", "lower_node", "weight_array"]
+__all__ = ["Binding", "CpuExecutable", "lower_node", "output_projections", "weight_array"]

@@ -178,7 +178,7 @@ def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where:
     xs, g, u, h = (b.scratch((rows, n)) for n in (d, ff, ff, d))
     act = info.attrs.get("activation", "silu") if node.op == "MoEExperts" else "silu"
     kind = "silu" if act == "silu" else "gelu"
-    mode = b.exe.gemm_mode
+    mode = b.gemm_mode(out)
 
     def step() -> None:
         x2 = compute(x, dt).reshape(-1, d)

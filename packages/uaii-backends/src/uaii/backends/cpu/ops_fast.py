@@ -35,18 +35,19 @@ def matmul(b: Bind, info: NodeInfo) -> list[Step] | None:
     wt = b.types[w_name]
     if wt.dtype not in DEQUANT_TYPES or (not info.attrs["transpose_b"] and wt.dtype.is_quantized):
         return None
-    return gemm_steps(b, w_name, x, y, bool(info.attrs["transpose_b"]), relu=info.node.op == "MatMulRelu")
+    return gemm_steps(b, w_name, x, y, bool(info.attrs["transpose_b"]), b.gemm_mode(info.node.outputs[0]),
+                      relu=info.node.op == "MatMulRelu")
 
 
-def gemm_steps(b: Bind, w_name: str, x: np.ndarray, y: np.ndarray, transpose_b: bool,
+def gemm_steps(b: Bind, w_name: str, x: np.ndarray, y: np.ndarray, transpose_b: bool, mode: int,
                relu: bool = False) -> list[Step]:
+    """uk_gemm in ``mode`` (the executable's choice for the value ``y`` holds: Bind.gemm_mode)."""
     pw = b.packed(w_name, transpose_b)
     m = x.size // pw.k if pw.k else 0
     if m == 0 or pw.n == 0:
         return []
     assert pw.dtype.gguf_id is not None
-    steps = [kernel(lib.uk_gemm, pw.dtype.gguf_id, pw.pointer(), pw.n, pw.k, fptr(x), m, pw.k, fptr(y), pw.n,
-                    b.exe.gemm_mode)]
+    steps = [kernel(lib.uk_gemm, pw.dtype.gguf_id, pw.pointer(), pw.n, pw.k, fptr(x), m, pw.k, fptr(y), pw.n, mode)]
     if relu:
         steps.append(numpy_step(lambda: np.maximum(y, 0, out=y)))
     return steps
@@ -62,7 +63,7 @@ def grouped_matmul(b: Bind, info: NodeInfo) -> list[Step] | None:
         wt = b.types[w_name]
         if not b.is_weight(w_name) or len(wt.shape) != 2 or wt.dtype not in DEQUANT_TYPES or not _f32(y):
             return None
-        steps += gemm_steps(b, w_name, x, y, True)
+        steps += gemm_steps(b, w_name, x, y, True, b.gemm_mode(out))
     return steps
 
 

@@ -234,7 +234,7 @@ class StreamingWeights:
         if m == 0 or n == 0:
             return []
         assert t.dtype.gguf_id is not None
-        gid, mode, store = t.dtype.gguf_id, self.exe.gemm_mode, self.store
+        gid, mode, store = t.dtype.gguf_id, self.exe.gemm_mode_for(node.outputs[0]), self.store
         xp, yp = fptr(x), fptr(y)
         bound: list[tuple[int, Any, Any]] = [(0, None, None)] * len(chunks)  # (address, packed weight, step)
 

@@ -153,8 +153,9 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", choices=("f32", "f16"), default=None,
                    help="KV cache element type (default: the preset's, f16; f32 is exact and twice the bytes)")
     g.add_argument("--gemm", choices=("fast", "f32"), default=None,
-                   help="CPU matrix products of quantized weights: fast (int8 dot products over 8-bit activations, "
-                        "as llama.cpp) or f32 (exact, slower); default: $UAII_CPU_GEMM, else fast")
+                   help="CPU matrix products of quantized weights: fast (8-bit activations, as llama.cpp; 16-bit for "
+                        "the output projection where the weight type has that kernel) or f32 (exact, slower); "
+                        "default: $UAII_CPU_GEMM, else fast")
 
 
 def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str, Any]]:
