@@ -1,8 +1,8 @@
 """Accuracy of the default GEMM against the exact one, beside llama.cpp's (`make bench-accuracy`).
 
-What users see of the quantized activations of the default (``gemm="fast"``) mode (8-bit; 16-bit for Q8_0 weights)
-is how far its next-token distributions are from the exact ones. For SmolLM2-135M and Gemma-3-270M over a fixed
-English text (~400 tokens, :data:`TEXT`):
+What users see of the quantized activations of the default (``gemm="fast"``) mode (8-bit; 16-bit for the output
+projection's Q8_0 weights) is how far its next-token distributions are from the exact ones. For SmolLM2-135M and
+Gemma-3-270M over a fixed English text (~400 tokens, :data:`TEXT`):
 
 * the exact distributions: our ``gemm="f32"`` mode (weights dequantized, float32 dot products) over one batched
   pass — the reference of every figure below;
