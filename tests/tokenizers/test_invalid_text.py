@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,45 @@ def test_every_tokenizer_refuses_invalid_utf8_naming_the_offset(tok: Tokenizer, 
         with pytest.raises(TokenizerError, match="^" + re.escape(f"[tokenizer] the text is not valid UTF-8: {where};")):
             tok.encode(text, parse_special=parse_special)
     assert tok.encode("café au lait")  # valid text still encodes
+
+
+class _PluginTokenizer(Tokenizer):
+    """A plugin's tokenizer: one id per character, written without any check of its own."""
+
+    kind, path = "plugin:chars", "<test>"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @property
+    def vocab_size(self) -> int:
+        return 0x110000
+
+    def _encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        self.seen.append(text)
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        return "".join(map(chr, ids))
+
+    def token_to_id(self, piece: str) -> int | None:
+        return ord(piece) if len(piece) == 1 else None
+
+    def id_to_piece(self, token_id: int) -> str:
+        return chr(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return False
+
+
+def test_a_plugin_tokenizer_gets_the_checks_without_writing_them() -> None:
+    """Tokenizer.encode checks the text before the kind's _encode sees it: a plugin cannot forget the check."""
+    tok = _PluginTokenizer()
+    with pytest.raises(TokenizerError, match=r"^\[tokenizer\] the text is not valid UTF-8: byte 0xff at offset 3;"):
+        tok.encode("caf\udcff")
+    with pytest.raises(TokenizerError, match=r"encode\(\) takes a str, got bytes"):
+        tok.encode(b"cafe")  # type: ignore[arg-type]
+    assert tok.seen == [] and tok.encode("café") == [99, 97, 102, 233] and tok.seen == ["café"]
 
 
 def test_a_chat_message_with_invalid_utf8_is_refused(tmp_path: Path) -> None:

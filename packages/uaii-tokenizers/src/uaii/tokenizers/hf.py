@@ -21,7 +21,6 @@ import numpy as np
 
 from uaii.tokenizers.errors import TokenizerError, TokenizerFormatError
 from uaii.tokenizers.pieces import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, PieceTokenizer
-from uaii.tokenizers.text import check_text
 from uaii.tokenizers.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported where used: a GGUF tokenizer needs neither (together ~5 MiB of RSS)
@@ -139,10 +138,7 @@ class HFTokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return int(self._core.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
-        check_text(text)
+    def _encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         core = self._core if parse_special else self._splitting_core()
         return list(core.encode(text, add_special_tokens=add_special).ids)
 

@@ -24,7 +24,6 @@ import numpy as np
 
 from uaii.tokenizers.errors import TokenizerError
 from uaii.tokenizers.string_table import StringTable
-from uaii.tokenizers.text import check_text
 from uaii.tokenizers.tokenizer import Tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -125,10 +124,7 @@ class PieceTokenizer(Tokenizer):
         return int(self._types[token_id])
 
     # ---------------------------------------------------------------------------------------------------- encode
-    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
-        check_text(text)
+    def _encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         frags = partition(text, self._all_specials if parse_special else self._always) if text else []
         texts: list[str] = []
         prev_special = True

@@ -7,8 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from uaii.tokenizers import chat
-from uaii.tokenizers.errors import ChatTemplateError
+from uaii.tokenizers.errors import ChatTemplateError, TokenizerError
 from uaii.tokenizers.stream import StreamDecoder
+from uaii.tokenizers.text import check_text
 
 # Tokens that end a turn (llama.cpp's end-of-generation list, by text); a model's own eos/eot ids are added to it.
 EOG_TEXTS = frozenset({
@@ -51,14 +52,8 @@ class Tokenizer(ABC):
         """Number of ids, special tokens included."""
 
     @abstractmethod
-    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids of `text`.
-
-        add_special: add BOS/EOS (or the model's template) as its metadata says.
-        parse_special: turn special-token text in `text` (``<|im_start|>``, ``<start_of_turn>``) into the special
-            ids; when False it is tokenized as ordinary text (user-defined tokens are always matched, as in
-            llama.cpp and HF tokenizers).
-        """
+    def _encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of `text`, which :meth:`encode` has already checked: a str of valid UTF-8."""
 
     @abstractmethod
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
@@ -77,6 +72,21 @@ class Tokenizer(ABC):
         """Whether an id is a control/special token (left out by `decode` by default)."""
 
     # ---------------------------------------------------------------------------------------------------- shared
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`.
+
+        add_special: add BOS/EOS (or the model's template) as its metadata says.
+        parse_special: turn special-token text in `text` (``<|im_start|>``, ``<start_of_turn>``) into the special
+            ids; when False it is tokenized as ordinary text (user-defined tokens are always matched, as in
+            llama.cpp and HF tokenizers).
+
+        The text is checked here, once for every kind — a plugin's too: a str, and valid UTF-8
+        (:mod:`uaii.tokenizers.text`); a kind implements only :meth:`_encode`.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        return self._encode(check_text(text), add_special=add_special, parse_special=parse_special)
+
     @property
     def stop_ids(self) -> frozenset[int]:
         """Ids that end generation: eos, eot and the vocabulary's end-of-turn tokens (<|im_end|>, <end_of_turn>)."""
