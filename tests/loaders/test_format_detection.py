@@ -85,6 +85,37 @@ def test_valid_inputs_still_detect(tmp_path: Path) -> None:
     assert detect_format(p) == "gguf" and detect_format(tmp_path) == "gguf"
 
 
+def test_a_directory_scan_opens_first_shards_only_and_each_file_once(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name says whether a file can start a model; only such a file is opened to read its magic. Explaining a
+    directory reads each file's magic once, then the reader opens the broken file it names."""
+    import builtins
+
+    import uaii.loaders.gguf as gguf_reader
+    from uaii.loaders.detect import explain_gguf
+    from uaii.loaders.model import GGUF_LOADER
+
+    opened: list[str] = []
+
+    def counting_open(path: str, *args: object, **kw: object) -> object:
+        opened.append(Path(path).name)
+        return builtins.open(path, *args, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(gguf_reader, "open", counting_open, raising=False)
+    split = tmp_path / "split"
+    split.mkdir()
+    for i in (1, 2, 3):
+        (split / f"m-0000{i}-of-00003.gguf").write_bytes(b"GGUF" + bytes(20))
+    assert GGUF_LOADER.detect(split) and opened == ["m-00001-of-00003.gguf"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "a.gguf").write_bytes(b"")
+    (broken / "b.gguf").write_bytes(b"GGML")
+    opened.clear()
+    assert "a.gguf: empty file" in str(explain_gguf(broken).error)
+    assert opened == ["a.gguf", "b.gguf", "a.gguf"]
+
+
 
 def test_a_validation_failure_names_the_model() -> None:
     """The validator sees only the graph; the loader's check adds the file it read."""

@@ -29,6 +29,7 @@ from uaii.tokenizers import TokenizerError
 from uaii.tokenizers.pieces import byte_decoder
 
 EXE = Path(sys.executable).parent / "uaii"
+UAII_CMD = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "uaii.runtime.cli"]  # installed script, or module
 CORES = len(os.sched_getaffinity(0))
 
 
@@ -93,8 +94,7 @@ def uaii(args: list[Any], *, close: tuple[int, ...] = (), timeout: float = 120, 
         for fd in close:
             os.close(fd)
 
-    cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "uaii.runtime.cli"]
-    return subprocess.run([*cmd, *map(str, args)], capture_output=True, env=env, timeout=timeout,
+    return subprocess.run([*UAII_CMD, *map(str, args)], capture_output=True, env=env, timeout=timeout,
                           preexec_fn=closing if close else None, **kw)
 
 
@@ -176,8 +176,7 @@ def test_closed_stdout_is_one_line_and_closed_stderr_is_silent(tiny: Path) -> No
 @pytest.mark.parametrize("args", [["run", "{m}", "-p", "hi", "-n", "8"], ["run", "{m}", "-p", "hi", "--json"],
                                   ["inspect", "{m}"], ["tokenize", "{m}", "hello"], ["devices"]])
 def test_a_reader_that_leaves_ends_with_141_and_nothing_on_stderr(tiny: Path, args: list[str]) -> None:
-    cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "uaii.runtime.cli"]
-    p = subprocess.Popen([*cmd, *(a.format(m=tiny) for a in args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    p = subprocess.Popen([*UAII_CMD, *(a.format(m=tiny) for a in args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env={**os.environ, "NO_COLOR": "1"})
     assert p.stdout is not None and p.stderr is not None
     p.stdout.close()  # `| head -c 0`: the reader is gone before the first byte
@@ -198,8 +197,7 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tiny: Path, checkp
     """SIGINT once the process has reached a point of its start-up (numpy being imported; the kernels loaded)."""
     if not Path("/proc/self/maps").exists():
         pytest.skip("needs /proc to see how far the start-up got")
-    cmd = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "uaii.runtime.cli"]
-    p = subprocess.Popen([*cmd, "run", str(tiny), "-p", "hi", "-n", "64"], stdout=subprocess.PIPE,
+    p = subprocess.Popen([*UAII_CMD, "run", str(tiny), "-p", "hi", "-n", "64"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"})
     deadline = time.monotonic() + 60
     while not _mapped(p.pid, checkpoint) and p.poll() is None and time.monotonic() < deadline:
@@ -283,7 +281,7 @@ def test_a_long_validation_failure_is_capped(tiny: Path, capsys: pytest.CaptureF
                         i) for i in range(40)]
 
     def failing(path: str, **options: Any) -> Any:
-        raise ValidationError("g", diags).with_source("model.uaii")
+        raise ValidationError("g", diags, "model.uaii")
 
     code, _, err = cli(["run", tiny, "-p", "hi"], capsys, failing)
     lines = err.splitlines()

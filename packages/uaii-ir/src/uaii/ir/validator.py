@@ -92,10 +92,6 @@ class ValidationError(UaiiError):
             lines.append(f"  ... and {n - self.MAX_LISTED} more")
         super().__init__("\n".join(lines))
 
-    def with_source(self, source: str) -> ValidationError:
-        """The same error naming the file the graph came from (the validator sees only the graph)."""
-        return type(self)(self.graph, self.diagnostics, source)
-
     @property
     def codes(self) -> set[str]:
         return {d.code for d in self.diagnostics}
@@ -418,11 +414,15 @@ def validate(graph: Graph, registry: Registry | None = None) -> list[Diagnostic]
     return c.diags
 
 
-def check(graph: Graph, registry: Registry | None = None) -> Graph:
-    """``graph`` itself when valid; raises :class:`ValidationError` with every diagnostic otherwise."""
+def check(graph: Graph, registry: Registry | None = None, source: str | None = None) -> Graph:
+    """``graph`` itself when valid; raises :class:`ValidationError` with every diagnostic otherwise.
+
+    ``source``: the file or directory the graph came from, named in the error's header — the graph alone does not
+    know it, so the caller that opened the file passes it.
+    """
     diags = validate(graph, registry)
     if diags:
-        raise ValidationError(graph.name, diags)
+        raise ValidationError(graph.name, diags, source)
     return graph
 
 

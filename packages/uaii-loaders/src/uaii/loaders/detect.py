@@ -49,15 +49,22 @@ def is_first_shard(p: Path) -> bool:
     return "-of-" not in p.name or p.name.split("-of-")[0].endswith("-00001")
 
 
+def gguf_models(directory: Path) -> list[Path]:
+    """The GGUF models in ``directory``, sorted: single files and first shards with the GGUF magic (the name is
+    looked at first; only a file that passes it is opened)."""
+    return sorted(p for p in directory.glob("*.gguf") if is_first_shard(p) and is_gguf(p))
+
+
 def explain_gguf(path: Path) -> Mismatch:
     """A ``.gguf`` file (or a file with the GGUF magic) is claimed; the reader says what is wrong with it."""
     if path.is_dir():
         files = sorted(path.glob("*.gguf"))
-        models = [p for p in files if is_gguf(p) and is_first_shard(p)]
+        magic = {p: is_gguf(p) for p in files}  # each file opened once
+        models = [p for p in files if magic[p] and is_first_shard(p)]
         if len(models) > 1:
             return Mismatch(LoaderError(f"{path}: {len(models)} GGUF models ({listing(p.name for p in models)}); "
                                         "pass the file to load"), claimed=True)
-        broken = [p for p in files if not is_gguf(p)]
+        broken = [p for p in files if not magic[p]]
         if broken:
             return Mismatch(_reader_error(broken[0]), claimed=True)
         return Mismatch(LoaderError(f"{path}: no *.gguf file in the directory"))
@@ -123,4 +130,5 @@ def _reason(error: UaiiError, path: Path) -> str:
     return text
 
 
-__all__ = ["IR_SUFFIXES", "Mismatch", "explain_gguf", "explain_hf", "is_first_shard", "listing", "unrecognized"]
+__all__ = ["IR_SUFFIXES", "Mismatch", "explain_gguf", "explain_hf", "gguf_models", "is_first_shard", "listing",
+           "unrecognized"]

@@ -18,7 +18,6 @@ and experts exist when it is set (and only then); ``context_length`` at most the
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -27,10 +26,8 @@ import numpy as np
 from .errors import LoaderError
 from .index import TensorInfo
 from .limits import MAX_CONTEXT, MAX_EXPERTS, check_count
+from .names import BANK, experts_per_projection, layer_numbers
 
-_LAYER = re.compile(r"^blk\.(\d+)\.")
-_BANK = re.compile(r"^blk\.\d+\.ffn_(?:gate|up|down|gate_up)_exps\.weight$")
-_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")  # one tensor per expert (old GGUFs)
 _PER_LAYER = ("attention.head_count", "attention.head_count_kv", "feed_forward_length",
               "attention.sliding_window_pattern")
 
@@ -74,7 +71,7 @@ class _Counts:
         n = self.count("block_count")
         if n is None:
             return 0
-        found = sorted({int(m.group(1)) for name in self.tensors if (m := _LAYER.match(name))})
+        found = layer_numbers(self.tensors)
         if not found:
             if n:
                 self.fail("block_count", n, "the file has no layer tensors (blk.N.*)")
@@ -151,12 +148,8 @@ class _Counts:
     def experts(self) -> None:
         n = self.count("expert_count") or 0
         check_count(n, MAX_EXPERTS, self.prefix + "expert_count", self.where)
-        banks = {name: t for name, t in self.tensors.items() if _BANK.match(name)}
-        per_expert: dict[tuple[str, str], int] = {}
-        for name in self.tensors:
-            if m := _EXPERT.match(name):
-                key = (m.group(1), m.group(2))
-                per_expert[key] = max(per_expert.get(key, 0), int(m.group(3)) + 1)
+        banks = {name: t for name, t in self.tensors.items() if BANK.match(name)}
+        per_expert = experts_per_projection(self.tensors)  # one tensor per expert (old GGUFs)
         if not n:
             if banks or per_expert:
                 self.fail("expert_count", "absent or 0", f"the file holds expert tensors, e.g. "

@@ -15,7 +15,6 @@ from typing import Any
 from uaii.ir import FormatError
 
 from .errors import LoaderError
-from .hf_counts import check_counts
 from .safetensors import INDEX_NAME, MAX_HEADER_BYTES, SafetensorsModel, open_safetensors
 
 MAX_CONFIG_BYTES = 16 << 20
@@ -123,8 +122,8 @@ def _sentence_pooling(path: Path) -> str | None:
 
 
 def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
-    """Read a model directory: config, weights (headers only) and the tokenizer files present. The config's
-    sizes are checked against the tensors here (:mod:`.hf_counts`), before anything is built from them."""
+    """Read a model directory: config, weights (headers only) and the tokenizer files present. Nothing is sized
+    by the config here; the loader checks its sizes against the tensors (:mod:`.hf_counts`) before it is."""
     p = Path(path).resolve()
     if not p.is_dir():
         raise LoaderError(f"{p} is not a directory")
@@ -135,7 +134,6 @@ def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
     if not isinstance(config, dict):
         raise FormatError("config.json must hold a JSON object", path=str(cfg_path), offset=0, component="hf")
     weights = _weights(p)
-    check_counts(config, weights.tensors, str(cfg_path))  # before anything is sized by the config
     files = {role: p / name for name, role in TOKENIZER_FILES.items() if (p / name).is_file()}
     gen = read_json(files["generation_config"], limit=MAX_CONFIG_BYTES) if "generation_config" in files else {}
     return HFDirectory(p, config, weights, files, _chat_template(files),

@@ -325,14 +325,22 @@ def _hf_sliding(c: _Src, arch: str, n_layers: int) -> tuple[int, tuple[bool, ...
     return window, flags
 
 
-def from_hf(config: Mapping[str, Any], where: str = "config.json") -> ModelConfig:
-    """Normalize a Hugging Face ``config.json`` of transformers 4 or 5 (text config of multimodal models
-    included)."""
-    config = language_config(config)
-    model_type = str(config.get("model_type", ""))
+def hf_architecture(config: Mapping[str, Any], where: str = "config.json") -> str:
+    """The UAII architecture of a ``config.json`` (of its language model for a multimodal wrapper); an unknown
+    ``model_type`` is an error. The loader needs it before :func:`from_hf`: the tensor names map per
+    architecture, and the config's sizes are checked against the mapped tensors before anything is sized."""
+    model_type = str(language_config(config).get("model_type", ""))
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:
         raise unknown_architecture(model_type or "<missing model_type>", where)
+    return arch
+
+
+def from_hf(config: Mapping[str, Any], where: str = "config.json") -> ModelConfig:
+    """Normalize a Hugging Face ``config.json`` of transformers 4 or 5 (text config of multimodal models
+    included)."""
+    arch = hf_architecture(config, where)
+    config = language_config(config)
     c = _Src(config, where)
     s = sizes(c, arch)
     n_layers, head_dim, ctx = s.n_layers, s.head_dim, s.context
@@ -388,4 +396,5 @@ def _hf_specifics(cfg: ModelConfig, c: _Src) -> ModelConfig:
     return cfg
 
 
-__all__ = ["MAX_HEADS", "MAX_VOCAB", "MAX_WIDTH", "Sizes", "from_hf", "language_config", "sizes"]
+__all__ = ["MAX_HEADS", "MAX_VOCAB", "MAX_WIDTH", "Sizes", "from_hf", "hf_architecture", "language_config",
+           "sizes"]

@@ -4,7 +4,9 @@ The HF twin of :mod:`uaii.loaders.gguf_counts`. The normalizer and the builders 
 config (layers, experts, heads, widths); a config is small and hand-edited, and its numbers used to be trusted:
 ``num_hidden_layers: 1e9`` built 7.8 GB of per-layer tuples, a config with fewer layers than the checkpoint
 silently dropped the rest, and a wrong ``vocab_size`` was overridden without a word. Each size a tensor shape
-can confirm is compared with it, on canonical names (:mod:`uaii.loaders.names`), in this order:
+can confirm is compared with it, on canonical names (:mod:`uaii.loaders.names`): the loader checks the weights
+``WeightSet.from_hf`` mapped (one mapping for both), before :func:`~uaii.loaders.hf_config.from_hf` sizes
+anything by the config, in this order:
 
 * ``num_hidden_layers`` (``n_layer``) = the layers the tensors hold, numbered from 0 without a gap — read raw,
   before any bound, so that the message says what the checkpoint has;
@@ -21,48 +23,22 @@ Failures are LoaderErrors naming config.json, the key, its value and the tensor 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from .config import HF_MODEL_TYPES, _Src
+from .config import _Src
 from .errors import LoaderError
 from .hf_config import Sizes, language_config, sizes
-from .index import TensorInfo
-from .names import hf_to_canonical
+from .names import experts_per_projection, layer_numbers
+from .weights import Weight
 
-_LAYER = re.compile(r"^blk\.(\d+)\.")
-_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
 _MOE = frozenset({"mixtral", "qwen2moe", "qwen3moe"})
 
 
-@dataclass(frozen=True)
-class _T:
-    info: TensorInfo
-    transposed: bool
-
-    @property
-    def rows(self) -> int:
-        """Output features: ``[out, in]``, or ``[in, out]`` for GPT-2's Conv1D."""
-        return self.info.shape[-1] if self.transposed else self.info.shape[0]
-
-    def __str__(self) -> str:
-        return f"{self.info.name!r} has shape {list(self.info.shape)}"
-
-
-def check_counts(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], where: str) -> None:
-    """Fail on the first size in ``config`` that the ``tensors`` (HF names) contradict."""
-    config = language_config(config)
-    arch = HF_MODEL_TYPES.get(str(config.get("model_type", "")))
-    if arch is None:
-        return  # from_hf names the unknown architecture
-    canon: dict[str, _T] = {}
-    for name, info in tensors.items():
-        mapped = hf_to_canonical(name, arch)
-        if mapped is not None:
-            canon[mapped[0]] = _T(info, mapped[1])
-    c = _Counts(_Src(config, where), arch, canon)
+def check_counts(config: Mapping[str, Any], arch: str, weights: Mapping[str, Weight], where: str) -> None:
+    """Fail on the first size in ``config`` that the ``weights`` of architecture ``arch`` (canonical names, as
+    :meth:`WeightSet.from_hf <uaii.loaders.weights.WeightSet.from_hf>` maps them) contradict."""
+    c = _Counts(_Src(language_config(config), where), arch, weights)
     n_layers = c.layers()
     c.experts()
     s = sizes(c.c, arch)  # bounded; the layer count is the checkpoint's now
@@ -72,8 +48,12 @@ def check_counts(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], w
     c.positions(s)
 
 
+def _has_shape(w: Weight) -> str:
+    return f"{w.info.name!r} has shape {list(w.info.shape)}"
+
+
 class _Counts:
-    def __init__(self, c: _Src, arch: str, canon: dict[str, _T]) -> None:
+    def __init__(self, c: _Src, arch: str, canon: Mapping[str, Weight]) -> None:
         self.c, self.arch, self.canon = c, arch, canon
 
     def count(self, key: str) -> int | None:
@@ -89,7 +69,7 @@ class _Counts:
     def layers(self) -> int:
         key = "n_layer" if self.arch == "gpt2" else "num_hidden_layers"
         n = self.count(key)
-        found = sorted({int(m.group(1)) for name in self.canon if (m := _LAYER.match(name))})
+        found = layer_numbers(self.canon)
         if n is None:
             return len(found)
         if n != len(found) or (found and found[-1] + 1 != len(found)):
@@ -106,14 +86,10 @@ class _Counts:
         n = self.count(key)
         if n is None:
             return
-        per: dict[tuple[int, str], int] = {}
-        for name in self.canon:
-            if m := _EXPERT.match(name):
-                where = (int(m.group(1)), m.group(2))
-                per[where] = max(per.get(where, 0), int(m.group(3)) + 1)
+        per = experts_per_projection(self.canon)
         if not per:
             self.fail(key, n, "the checkpoint holds no expert tensors (mlp.experts.E.*)")
-        for (layer, proj), count in sorted(per.items()):
+        for (layer, proj), count in sorted(per.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
             if count != n:
                 self.fail(key, n, f"the checkpoint holds {count} experts (layer {layer}, {proj} projection)")
 
@@ -123,7 +99,7 @@ class _Counts:
             return  # the builder names the missing tensor
         rows, width = emb.info.shape
         if width != s.d_model:
-            self.fail(s.keys["d_model"], s.d_model, str(emb))
+            self.fail(s.keys["d_model"], s.d_model, _has_shape(emb))
         vocab = self.count("vocab_size")
         if vocab is not None and vocab != rows:
             self.fail("vocab_size", vocab, f"the embedding {emb.info.name!r} holds {rows} rows")
@@ -142,7 +118,7 @@ class _Counts:
             for proj, (key, value, rows, why) in want.items():
                 t = self.canon.get(f"blk.{i}.{proj}.weight")
                 if t is not None and t.rows != rows:
-                    self.fail(key, value, f"{t}, not {rows} rows ({why})")
+                    self.fail(key, value, f"{_has_shape(t)}, not {rows} rows ({why})")
 
     def feed_forward(self, s: Sizes, n_layers: int) -> None:
         fused = self.arch == "phi3"  # gate_up_proj: [gate; up]
@@ -156,12 +132,12 @@ class _Counts:
                 t = self.canon.get(f"blk.{i}.{name}.weight")
                 if value and t is not None and t.rows != rows:
                     why = " (gate and up fused)" if fused and name == "ffn_up" else ""
-                    self.fail(key, value, f"{t}, not {rows} rows{why}")
+                    self.fail(key, value, f"{_has_shape(t)}, not {rows} rows{why}")
 
     def positions(self, s: Sizes) -> None:
         pos = self.canon.get("position_embd.weight")
         if pos is not None and s.context > pos.info.shape[0]:
-            self.fail(s.keys["context"], s.context, f"{pos}: one row per position")
+            self.fail(s.keys["context"], s.context, f"{_has_shape(pos)}: one row per position")
 
 
 __all__ = ["check_counts"]

@@ -17,14 +17,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from uaii.ir import Graph, UaiiError
 
+from . import gguf_counts, hf_counts
 from .arch import build_graph
 from .config import ModelConfig, from_gguf
-from .detect import Mismatch, explain_gguf, explain_hf, is_first_shard, unrecognized
+from .detect import Mismatch, explain_gguf, explain_hf, gguf_models, unrecognized
 from .errors import LoaderError
 from .gguf import GGUFFile, is_gguf, open_gguf
-from .gguf_counts import check_counts
 from .hf import HFDirectory, is_hf_directory, open_hf_directory
-from .hf_config import from_hf
+from .hf_config import from_hf, hf_architecture
 from .index import WeightIndex
 from .safetensors import INDEX_NAME
 from .weights import WeightSet
@@ -62,7 +62,7 @@ def _reconcile(cfg: ModelConfig, ws: WeightSet) -> ModelConfig:
     """Settle what the tensors decide: tied output, vocabulary size, attention biases."""
     emb = ws.need("token_embd.weight")
     tied = "output.weight" not in ws
-    vocab = emb.shape[0] if not emb.transposed else emb.shape[-1]
+    vocab = emb.rows
     bias = "blk.0.attn_q.bias" in ws or "blk.0.attn_qkv.bias" in ws
     types = ws.get("token_types.weight")
     return cfg.with_(tied_embeddings=tied, vocab_size=vocab or cfg.vocab_size, qkv_bias=bias,
@@ -83,14 +83,9 @@ def check_graph(graph: Graph, source: str | None = None) -> None:
 
     ``source``: the model file or directory, named in the error (the validator only sees the graph).
     """
-    from uaii.ir.validator import ValidationError, check  # the validator lives in uaii-ir
+    from uaii.ir.validator import check  # the validator lives in uaii-ir
 
-    try:
-        check(graph)
-    except ValidationError as exc:
-        if source is None:
-            raise
-        raise exc.with_source(source) from None
+    check(graph, source=source)
 
 
 # --- built-in loaders ---------------------------------------------------------------------------------------
@@ -98,8 +93,8 @@ def _single_gguf(path: Path) -> Path | None:
     if path.is_file():
         return path if is_gguf(path) else None
     if path.is_dir():
-        firsts = sorted(p for p in path.glob("*.gguf") if is_gguf(p) and is_first_shard(p))
-        return firsts[0] if len(firsts) == 1 else None
+        models = gguf_models(path)
+        return models[0] if len(models) == 1 else None
     return None
 
 
@@ -119,7 +114,7 @@ class GGUFLoader:
             raise LoaderError(f"{path}: no GGUF file found")
         g: GGUFFile = open_gguf(file)
         g.check_supported()
-        check_counts(g.metadata, g.tensors, g.path.name)  # before anything is sized by a count
+        gguf_counts.check_counts(g.metadata, g.tensors, g.path.name)  # before anything is sized by a count
         cfg = from_gguf(g.metadata, where=g.path.name)
         ws = WeightSet.from_gguf(WeightIndex(g.path.parent), g.tensors.values(), g.path.name)
         tpl = g.get("tokenizer.chat_template")
@@ -144,14 +139,17 @@ class HFLoader:
     def load(self, path: Path, *, validate: bool = True, **_: Any) -> LoadedModel:
         directory = path if path.is_dir() else path.parent
         d: HFDirectory = open_hf_directory(directory)
-        cfg = from_hf(d.config, where=str(d.path / "config.json"))
+        where = str(d.path / "config.json")
+        arch = hf_architecture(d.config, where)
+        ws = WeightSet.from_hf(WeightIndex(d.path), d.weights.tensors.values(), arch, str(d.path))
+        hf_counts.check_counts(d.config, arch, ws.weights, where)  # before anything is sized by the config
+        cfg = from_hf(d.config, where=where)
         eos = d.generation_config.get("eos_token_id")
         if eos is not None:
             ids = eos if isinstance(eos, list) else [eos]
             cfg = cfg.with_(eos_token_ids=tuple(int(x) for x in ids if isinstance(x, int)))
         if d.pooling is not None and cfg.architecture == "bert":
             cfg = cfg.with_(pooling=d.pooling)
-        ws = WeightSet.from_hf(WeightIndex(d.path), d.weights.tensors.values(), cfg.architecture, str(d.path))
         return _finish(path, d.path, "hf", cfg, ws, d.path.name, validate, tokenizer_files=d.tokenizer_files,
                        chat_template=d.chat_template, source_metadata=d.config)
 

@@ -135,4 +135,32 @@ def unmapped(names: Iterable[str], arch: str) -> list[str]:
     return [n for n in names if hf_to_canonical(n, arch) is None and not _SKIP.search(n)]
 
 
-__all__ = ["hf_to_canonical", "unmapped"]
+# --- reading canonical names --------------------------------------------------------------------------------
+# What the loaders read back from canonical names: the weight set (banks to split) and both count checks
+# (gguf_counts, hf_counts), which compare the tensors a file holds with the counts its config states.
+LAYER = re.compile(r"^blk\.(\d+)\.")
+"""Any tensor of a layer; group 1 is the layer number."""
+BANK = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+"""A packed expert bank ``[experts, rows, cols]``."""
+EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
+"""One expert's own tensor (HF checkpoints, old GGUFs); groups: layer, projection, expert."""
+
+
+def layer_numbers(names: Iterable[str]) -> list[int]:
+    """The layers that hold at least one tensor, ascending."""
+    return sorted({int(m.group(1)) for name in names if (m := LAYER.match(name))})
+
+
+def experts_per_projection(names: Iterable[str]) -> dict[tuple[str, str], int]:
+    """(layer, projection) -> 1 + the highest expert number among the per-expert tensors, in the order the
+    names first show them. The layer is kept as written: the builder looks experts up under ``blk.{n}``, so
+    ``blk.01.ffn_up.0.weight`` is not an expert of layer 1 and must not be counted as one."""
+    per: dict[tuple[str, str], int] = {}
+    for name in names:
+        if m := EXPERT.match(name):
+            key = (m.group(1), m.group(2))
+            per[key] = max(per.get(key, 0), int(m.group(3)) + 1)
+    return per
+
+
+__all__ = ["BANK", "EXPERT", "LAYER", "experts_per_projection", "hf_to_canonical", "layer_numbers", "unmapped"]

@@ -17,9 +17,7 @@ from uaii.ir import WeightRef
 
 from .errors import LoaderError
 from .index import TensorInfo, WeightIndex
-from .names import hf_to_canonical, unmapped
-
-_BANK = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+from .names import BANK, hf_to_canonical, unmapped
 
 
 @dataclass(frozen=True)
@@ -35,6 +33,11 @@ class Weight:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.info.shape
+
+    @property
+    def rows(self) -> int:
+        """Output features: ``shape[0]`` of ``[out, in]``, ``shape[-1]`` of a transposed ``[in, out]``."""
+        return self.info.shape[-1] if self.transposed else self.info.shape[0]
 
 
 class WeightSet:
@@ -52,7 +55,7 @@ class WeightSet:
                               f"map to {canonical!r}")
         ref = self.index.add(info)
         self.weights[canonical] = Weight(canonical, ref, info, transposed)
-        if _BANK.match(canonical):
+        if BANK.match(canonical):
             if len(info.shape) != 3:
                 raise LoaderError(f"{self.where}: expert bank {info.name!r} has shape {list(info.shape)}; "
                                   "expected "
@@ -71,15 +74,14 @@ class WeightSet:
     @classmethod
     def from_hf(cls, index: WeightIndex, tensors: Iterable[TensorInfo], arch: str, where: str) -> WeightSet:
         ws = cls(index, where)
-        tensors = list(tensors)
-        stray = unmapped((t.name for t in tensors), arch)
+        mapped = [(info, hf_to_canonical(info.name, arch)) for info in tensors]
+        stray = unmapped((info.name for info, m in mapped if m is None), arch)
         if stray:
             raise LoaderError(f"{where}: {len(stray)} tensors have no place in a {arch} model, e.g. "
                               f"{', '.join(stray[:3])}")
-        for info in tensors:
-            mapped = hf_to_canonical(info.name, arch)
-            if mapped is not None:
-                ws._add(mapped[0], info, mapped[1])
+        for info, m in mapped:
+            if m is not None:
+                ws._add(m[0], info, m[1])
         return ws
 
     # --- lookups --------------------------------------------------------------------------------------------

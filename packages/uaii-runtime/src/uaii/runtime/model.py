@@ -142,13 +142,10 @@ def _nbytes(locations: Mapping[str, Any], t: Any) -> int:
 # --- IR files -------------------------------------------------------------------------------------------------
 def _load_ir(p: Path) -> ModelBundle:
     from uaii.ir.serialize import load
-    from uaii.ir.validator import ValidationError, check
+    from uaii.ir.validator import check
 
     graph = load(p)
-    try:
-        check(graph)  # here, where the file is known: the planner would say the same without naming it
-    except ValidationError as exc:
-        raise exc.with_source(str(p)) from None
+    check(graph, source=str(p))  # here, where the file is known: the planner would say the same without naming it
     return ir_bundle(p, graph, ir_locations(graph, p.parent, source=p))
 
 

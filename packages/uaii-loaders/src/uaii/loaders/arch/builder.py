@@ -55,10 +55,10 @@ class GraphBuilder:
 
     def matrix(self, w: Weight) -> tuple[str, int]:
         """Declare a MatMul weight; returns its name and output features. A 1-D weight (GGUF may store a
-        ``[1, d]`` gate as ``[d]``) is declared ``[1, d]``: the bytes are the same."""
+        ``[1, d]`` gate as ``[d]``) is declared ``[1, d]``: the bytes are the same, and it is one row."""
         shape = w.info.shape if len(w.info.shape) > 1 else (1, *w.info.shape)
         name = self._declare(Tensor(w.name, w.info.dtype, shape, weight=w.ref))
-        return name, shape[-1] if w.transposed else shape[0]
+        return name, w.rows if w.transposed or len(w.info.shape) > 1 else 1
 
     def constant(self, name: str, array: np.ndarray) -> str:
         return self._declare(Tensor.constant(name, array))
