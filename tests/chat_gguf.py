@@ -26,9 +26,10 @@ def tokenizer_kv(vocab_size: int = 64) -> dict[str, object]:
             "tokenizer.ggml.unknown_token_id": 0, "tokenizer.chat_template": TEMPLATE}
 
 
-def chat_llama(out_dir: Path, arch: str = "llama") -> Path:
-    """``out_dir``/tiny-chat.gguf: the tiny ``arch`` model (llama: RoPE; gpt2: learned positions) that talks."""
-    hf = H.save_tiny(arch, out_dir / f"hf-{arch}")
-    path = out_dir / f"tiny-chat-{arch}.gguf"
-    H.hf_to_gguf(hf, path, arch, extra_kv=tokenizer_kv())
+def chat_llama(out_dir: Path) -> Path:
+    """``out_dir``/tiny-chat-llama.gguf: the tiny llama (RoPE, 128 positions) that talks (its transformers
+    directory is ``out_dir``/hf-llama)."""
+    hf = H.save_tiny("llama", out_dir / "hf-llama")
+    path = out_dir / "tiny-chat-llama.gguf"
+    H.hf_to_gguf(hf, path, "llama", extra_kv=tokenizer_kv())
     return path

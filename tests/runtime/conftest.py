@@ -1,10 +1,17 @@
-"""Fixtures of the uaii-runtime tests: tiny transformers models (via tests/loaders/loader_helpers.py) and helpers."""
+"""Fixtures of the uaii-runtime tests: tiny transformers models (via tests/loaders/loader_helpers.py) and helpers.
+
+``tiny`` and ``talking`` are built once per test run and shared by the modules that use them; nothing writes into
+their folders (plan caches go to each test's ``UAII_CACHE_DIR``). test_cli_errors.py defines its own ``tiny`` (a
+GGUF written by that module), which takes precedence there.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
+
+import pytest
 
 _HELPERS = Path(__file__).resolve().parents[1] / "loaders" / "loader_helpers.py"
 if "loader_helpers" not in sys.modules:
@@ -13,3 +20,19 @@ if "loader_helpers" not in sys.modules:
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules["loader_helpers"] = _mod
     _spec.loader.exec_module(_mod)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """loader_helpers' tiny llama (RoPE, 128 positions, 64 tokens) as a transformers directory named ``llama``."""
+    import loader_helpers as H
+
+    return H.save_tiny("llama", tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture(scope="session")
+def talking(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same llama as a GGUF with a character-level vocabulary and a chat template (tests/chat_gguf.py)."""
+    import chat_gguf
+
+    return chat_gguf.chat_llama(tmp_path_factory.mktemp("talking"))

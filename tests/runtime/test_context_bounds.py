@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import chat_gguf
 import loader_helpers as H
 import pytest
 from rich.console import Console
@@ -33,18 +32,8 @@ CONTEXT = 128  # the tiny models' max_position_embeddings / n_positions
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return H.save_tiny("llama", tmp_path_factory.mktemp("bounds") / "llama")
-
-
-@pytest.fixture(scope="module")
 def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return H.save_tiny("gpt2", tmp_path_factory.mktemp("bounds") / "gpt2")
-
-
-@pytest.fixture(scope="module")
-def talking(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return chat_gguf.chat_llama(tmp_path_factory.mktemp("bounds-chat"))
 
 
 @pytest.fixture(autouse=True)

@@ -30,11 +30,6 @@ def one_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return H.save_tiny("llama", tmp_path_factory.mktemp("kvpos") / "llama")
-
-
 def test_cache_positions_equal_a_fresh_run_over_the_kept_tokens(one_layer: Path) -> None:
     rng = np.random.default_rng(0)
     ids = [int(t) for t in rng.integers(3, 64, size=60)]

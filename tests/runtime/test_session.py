@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
-import loader_helpers as H
 import numpy as np
 import pytest
 
@@ -14,11 +14,6 @@ from uaii.runtime import GenerationResult, SamplingParams, Session, SessionError
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return H.save_tiny("llama", tmp_path_factory.mktemp("session") / "llama")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +43,18 @@ def test_options_are_checked() -> None:
     assert p.budget_bytes == 256 << 20 and p.kv_window == 64 and p.kv_sinks == 4  # explicit options win
     assert p.kv_dtype == "f16" and o.kv_dtype == "f32"          # a preset's f16 cache; none: the exact f32 one
     assert SessionOptions.from_kwargs({"preset": "tiny", "kv_dtype": "f32"}).kv_dtype == "f32"
+
+
+def test_the_cli_offers_the_gemm_modes_the_option_takes() -> None:
+    """--gemm spells out uaii.backends.config.GEMM_MODES (importing it would load the native kernels to build the
+    parser of every command): the two lists must not drift apart."""
+    from uaii.backends.config import GEMM_MODES
+    from uaii.runtime.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name in ("run", "chat", "bench"):
+        (gemm,) = [a for a in commands.choices[name]._actions if a.dest == "gemm"]
+        assert tuple(gemm.choices) == GEMM_MODES, name
 
 
 def test_lifecycle_and_misuse(tiny: Path) -> None:

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import chat_gguf
-import loader_helpers as H
 import pytest
 
 from uaii.runtime import SamplingParams, Session
@@ -30,16 +28,6 @@ CONFIGS = {
     "window-cache-positions": {"max_batch": 8, "kv_window": 96, "kv_sinks": 2, "kv_positions": "cache"},
 }
 PROMPT = [1, *range(5, 35)]  # 31 tokens: four prefill passes of 8
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return H.save_tiny("llama", tmp_path_factory.mktemp("atomic") / "llama")
-
-
-@pytest.fixture(scope="module")
-def talking(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return chat_gguf.chat_llama(tmp_path_factory.mktemp("atomic-chat"))
 
 
 def interrupt_run(s: Session, at: int, *, before_advance: bool = False) -> Callable[[], int]:

@@ -17,3 +17,13 @@ ISA_ENV = "UAII_KERNELS_ISA"
 def env_isa() -> str | None:
     value = os.environ.get(ISA_ENV, "").strip().lower()
     return value or None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's count where there is none), as the C pool
+    counts them for its default size (threadpool.c). The one definition behind the Session's cap on thread counts
+    and the CPU backend's probe."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)

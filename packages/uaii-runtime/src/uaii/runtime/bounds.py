@@ -66,27 +66,33 @@ class ContextBounds:
         return cls(name, context, trained, rope, slides, o.kv_window, o.kv_sinks,
                    bool(o.max_context) and 0 < context < trained), o
 
+    def fits(self, n: int, used: int = 0) -> bool:
+        """Whether ``n`` more tokens after ``used`` may run: they fit the context, or the window slides over them
+        (what :meth:`check` refuses otherwise; the chat loop asks before it sends a conversation)."""
+        return used + n <= self.context or self.slides
+
     def check(self, n: int, used: int) -> None:
         """``n`` more tokens after ``used``: refused (SessionError naming both numbers and what to do) unless they
-        fit the context or the window slides, in which case passing the context is said."""
+        :meth:`fits` them; when a sliding window takes them past the context, that is said."""
+        if not self.fits(n, used):
+            raise SessionError(f"[runtime] {n} tokens do not fit the context: it holds {self.context} tokens and "
+                               f"{used} are used ({self.name}); {self._hint()}")
         if used + n <= self.context:
             return
-        if self.slides:
-            if n > self.context:
-                log.warning("[runtime] %d new tokens are more than the context of %d (%s): the window slides over "
-                            "them, so the model sees the %d sink tokens and the last %d", n, self.context, self.name,
-                            self.sinks, self.window)
-            else:
-                self._note_slides()
-            return
-        if self.capped_by_option:
-            hint = f"raise max_context (the model has {self.trained} positions)"
-        elif self.rope:
-            hint = "shorten the prompt, or slide a window over it with kv_window and kv_positions='cache'"
+        if n > self.context:
+            log.warning("[runtime] %d new tokens are more than the context of %d (%s): the window slides over "
+                        "them, so the model sees the %d sink tokens and the last %d", n, self.context, self.name,
+                        self.sinks, self.window)
         else:
-            hint = "shorten the prompt (the model's positions are learned: no window can extend them)"
-        raise SessionError(f"[runtime] {n} tokens do not fit the context: it holds {self.context} tokens and "
-                           f"{used} are used ({self.name}); {hint}")
+            self._note_slides()
+
+    def _hint(self) -> str:
+        """What to do about tokens that do not fit."""
+        if self.capped_by_option:
+            return f"raise max_context (the model has {self.trained} positions)"
+        if self.rope:
+            return "shorten the prompt, or slide a window over it with kv_window and kv_positions='cache'"
+        return "shorten the prompt (the model's positions are learned: no window can extend them)"
 
     def full(self, length: int) -> bool:
         """Whether a sequence of ``length`` tokens must stop (finish reason "length"): at the context, unless the

@@ -20,11 +20,11 @@ log = logging.getLogger("uaii.runtime")
 
 
 def streaming_setup(plan: Any, graph: Any, bundle: ModelBundle, options: SessionOptions,
-                    backend: Any) -> tuple[Any, Any, dict[str, Any]]:
+                    backend: Any) -> tuple[Any, dict[str, Any]]:
     """Under a budget: a StreamingStore with the plan's staging bytes, the pinned set read once, and what the
-    backend needs to acquire the streamed weights around the steps that read them: (store, expert cache, compile
-    options). (None, None, {}) when the session maps its weights after all (no plan, or a backend that cannot
-    stream), which is warned about."""
+    backend needs to acquire the streamed weights around the steps that read them: (store, compile options; the
+    MoE expert cache is one of them). (None, {}) when the session maps its weights after all (no plan, or a
+    backend that cannot stream), which is warned about."""
     from uaii.storage import StreamingStore
 
     o, b = options, bundle
@@ -32,11 +32,11 @@ def streaming_setup(plan: Any, graph: Any, bundle: ModelBundle, options: Session
     if storage is None or not storage.budget_bytes:
         log.warning("[runtime] budget_bytes=%d: no storage plan (planning failed), so every weight is "
                     "memory-mapped and the budget is not enforced", o.budget_bytes)
-        return None, None, {}
+        return None, {}
     if backend.name != "cpu":
         log.warning("[runtime] budget_bytes=%d: the %s backend cannot stream weights yet; every weight is "
                     "memory-mapped and the budget is not enforced", o.budget_bytes, backend.name)
-        return None, None, {}
+        return None, {}
     streamed = [w.ref for w in storage.weights if w.mode == "streamed"]
     refs = {str(t.weight) for t in graph.weights if t.weight is not None}
     pinned = [w.ref for w in storage.weights if w.mode == "pinned" and w.ref in refs]
@@ -50,7 +50,7 @@ def streaming_setup(plan: Any, graph: Any, bundle: ModelBundle, options: Session
 
 
 def _with_pins(store: Any, storage: Any, graph: Any, o: SessionOptions, streamed: list[str],
-               pinned: list[str]) -> tuple[Any, Any, dict[str, Any]]:
+               pinned: list[str]) -> tuple[Any, dict[str, Any]]:
     from uaii.storage import ExpertCache
 
     if pinned:
@@ -67,8 +67,8 @@ def _with_pins(store: Any, storage: Any, graph: Any, o: SessionOptions, streamed
         # the plan counts the cache in the budget (at least one expert of each bank; experts are never staged)
         budget = max(storage.expert_cache_bytes, o.expert_cache_bytes, one)
         cache = ExpertCache(store, budget)
-    return store, cache, {"streamed": streamed, "prefetch_order": storage.prefetch_order, "expert_cache": cache,
-                          "chunk_bytes": max(storage.staging_buffers, default=0)}
+    return store, {"streamed": streamed, "prefetch_order": storage.prefetch_order, "expert_cache": cache,
+                   "chunk_bytes": max(storage.staging_buffers, default=0)}
 
 
 def storage_stats(store: Any, plan: Any, exe: Any) -> dict[str, Any]:

@@ -124,18 +124,10 @@ class SessionOptions:
         return {"gemm": self.gemm} if self.gemm is not None else {}
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity; the machine's count where there is none)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def capped_threads(n_threads: int | None) -> int | None:
     """``n_threads``, or the usable cores when it (or ``$UAII_NUM_THREADS`` for None) asks for more; a warning
     says so once per Session. None stays None when the environment asks for no more than the cores."""
-    from uaii.kernels.config import NUM_THREADS_ENV
+    from uaii.kernels.config import NUM_THREADS_ENV, usable_cores
 
     asked, where = n_threads, f"n_threads={n_threads}"
     if asked is None:
@@ -155,4 +147,4 @@ def _int(name: str, value: Any, lo: int) -> None:
         raise SessionError(f"option {name} must be an int >= {lo}, found {value!r}")
 
 
-__all__ = ["SessionOptions", "capped_threads", "usable_cores"]
+__all__ = ["SessionOptions", "capped_threads"]

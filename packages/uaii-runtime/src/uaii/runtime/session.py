@@ -57,14 +57,12 @@ class Session:
         self._exe: Any = None
         self._store: Any = None
         self._stream_kw: dict[str, Any] = {}
-        self._expert_cache: Any = None
         self._kv: Any = None
         self._full: Any = None  # functional executable for run() on a decoder graph
         self._history: list[int] = []  # tokens whose keys and values the cache holds
         # the last prompt's length and the logits its prefill ended with: a repeated prompt reuses them as they
         # are, where re-feeding its last token (the decode path) would give logits that differ in the last bits
         self._prompt_logits: tuple[int, np.ndarray] | None = None
-        self._chunk = self.options.max_batch  # tokens per prefill pass (at most the window)
         t0 = time.perf_counter()
         self._bundle: ModelBundle = load_bundle(path)
         self.tokenizer = self._bundle.tokenizer
@@ -90,14 +88,14 @@ class Session:
         self.context = self.bounds.context  # tokens a sequence may hold (see uaii.runtime.bounds)
         self.trained_context = self.bounds.trained  # positions the model was trained on (0: unknown)
         o = self.options
-        self._chunk = min(o.max_batch, o.kv_window) if o.kv_window else o.max_batch
+        self._chunk = min(o.max_batch, o.kv_window) if o.kv_window else o.max_batch  # tokens per prefill pass
         graph = last_token_logits(b.graph) if b.generative else b.graph
         self.graph = graph
         self.plan, self.plan_cache_hit = self._plan(graph)
         self.state = SessionState.PLANNED
         stream_kw: dict[str, Any] = {}
         if o.budget_bytes:
-            self._store, self._expert_cache, stream_kw = streaming_setup(self.plan, graph, b, o, self.backend)
+            self._store, stream_kw = streaming_setup(self.plan, graph, b, o, self.backend)
         if not stream_kw:
             self._store = MmapStore(b.locations)
         self._stream_kw = stream_kw
@@ -217,8 +215,7 @@ class Session:
         self._guard.close()
 
     def _free(self) -> None:
-        if self.state is SessionState.CLOSED:
-            return
+        """Called once, by the guard (see SessionGuard._close_now)."""
         for obj in (self._exe, self._full, self._store):
             if obj is not None:
                 obj.close()
@@ -528,14 +525,11 @@ class Session:
         keep = len(ids) if whole else min(common, len(ids) - 1)
         if keep < len(self._history):
             try:
-                self._kv.truncate(keep)
-            except Exception:  # a windowed cache may not rewind: start over
-                self._kv.reset()
-                keep = 0
+                del self._history[keep:]
             finally:
-                self._resync()  # the history follows the state, however the truncation ended
-        if whole and len(self._history) == keep == len(ids) and saved is not None:
-            return keep, saved[1].copy()
+                self._resync()  # the state follows: truncated, or emptied with the history if it cannot rewind
+        if whole and saved is not None and len(self._history) == len(ids):
+            return len(ids), saved[1].copy()
         return len(self._history), None
 
 

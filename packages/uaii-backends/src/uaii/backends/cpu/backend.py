@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from uaii.backends.cpu.ops_fast import FAST
 from uaii.ir import PLAIN_TYPES, Graph, Node
 from uaii.ir.plan import ExecutionPlan
 from uaii.kernels import DEQUANT_TYPES, best_isa, get_isa, get_num_threads, set_num_threads
+from uaii.kernels.config import usable_cores
 
 UNSUPPORTED: dict[str, str] = {}
 """Registered ops the CPU backend deliberately does not run, with the reason (none today)."""
@@ -45,7 +45,7 @@ class CpuBackend(BackendBase):
     kind = "cpu"
 
     def probe(self) -> DeviceStatus:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
         return DeviceStatus(True, "", [f"cpu:0 {cpu_name()} ({cores} usable cores, kernels {best_isa()}, "
                                        f"{get_num_threads()} threads)"])
 

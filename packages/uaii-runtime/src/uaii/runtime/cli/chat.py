@@ -68,11 +68,11 @@ class ChatLoop:
     def answer(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
         prompt = chat_prompt(self.session, self.messages)
-        context = getattr(self.session, "context", 0)
-        if context and len(prompt) > context and not getattr(self.session, "slides", False):
+        bounds = getattr(self.session, "bounds", None)  # a Session's ContextBounds; without them, not checked here
+        if bounds is not None and not bounds.fits(len(prompt)):
             self.messages.pop()  # the Session would refuse it: say so and keep the conversation
-            self.ctx.note(f"(the conversation is {len(prompt)} tokens, more than the model's context of {context}: "
-                          "/reset starts over)")
+            self.ctx.note(f"(the conversation is {len(prompt)} tokens, more than the model's context of "
+                          f"{bounds.context}: /reset starts over)")
             return
         pieces: list[str] = []
         try:

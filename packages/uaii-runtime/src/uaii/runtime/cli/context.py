@@ -152,6 +152,8 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
                    help="rotary positions of a windowed cache: absolute (default) or cache slots (StreamingLLM)")
     g.add_argument("--kv-dtype", choices=("f32", "f16"), default=None,
                    help="KV cache element type (default: the preset's, f16; f32 is exact and twice the bytes)")
+    # uaii.backends.config.GEMM_MODES, spelled out: importing uaii.backends here would load the native kernels to
+    # build the parser of every command (`uaii --help` and `uaii presets` then fail where the kernels cannot load)
     g.add_argument("--gemm", choices=("fast", "f32"), default=None,
                    help="CPU matrix products of quantized weights: fast (8-bit activations, as llama.cpp; 16-bit for "
                         "the output projection where the weight type has that kernel) or f32 (exact, slower); "
