@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from planner_helpers import Builder, Dims, llama
 
 from uaii.ir import ValidationError
 from uaii.ir.plan import ExecutionPlan, Step
-from uaii.planner import PlanCache, PlannerError, PlannerOptions, clear, fuse, plan, plan_key, status, summarize
+from uaii.planner import (
+    PlanCache,
+    PlannerError,
+    PlannerOptions,
+    build_plan,
+    clear,
+    fuse,
+    plan,
+    plan_key,
+    status,
+    summarize,
+)
+from uaii.planner import check as check_module
 from uaii.planner import planner as planner_module
 
 Q = Dims(d=256, heads=4, kv=2, head_dim=64, ff=512, vocab=1000)
@@ -20,15 +34,15 @@ Q = Dims(d=256, heads=4, kv=2, head_dim=64, ff=512, vocab=1000)
 
 @pytest.fixture
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Counts the real planning runs (build_plan calls) behind plan()."""
+    """Counts the real planning runs behind plan(): calls of the builder that a miss and build_plan share."""
     calls: list[str] = []
-    real = planner_module.build_plan
+    real = planner_module._build
 
     def counted(*args: object, **kw: object) -> ExecutionPlan:
         calls.append("build")
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(planner_module, "build_plan", counted)
+    monkeypatch.setattr(planner_module, "_build", counted)
     return calls
 
 
@@ -135,6 +149,28 @@ def test_second_plan_is_a_cache_hit_that_skips_planning(builds: list[str], _cach
     assert not hit3 and builds == ["build", "build"]
     _, hit4 = plan(g, PlannerOptions(max_tokens=64), cache=False)
     assert not hit4 and len(builds) == 3
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 20, 1 << 40])  # none, under the ceiling (2.7 MB), above it
+def test_each_plan_call_fuses_and_derives_once(budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ceiling, the check of a hit and the build of a miss share one derivation of the fused graph."""
+    calls: list[str] = []
+
+    def counted(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kw: Any) -> Any:
+            calls.append(name)
+            return real(*args, **kw)
+        return call
+
+    monkeypatch.setattr(planner_module, "fuse", counted("fuse", planner_module.fuse))
+    for module in (planner_module, check_module):
+        monkeypatch.setattr(module, "derive", counted("derive", module.derive))
+    g, opts = llama(2, dims=Q, wdtype="q4_k"), PlannerOptions(max_tokens=16, budget_bytes=budget)
+    for want_hit in (False, True):
+        calls.clear()
+        p, hit = plan(g, opts)
+        assert hit is want_hit and sorted(calls) == ["derive", "fuse"]
+    assert p == plan(g, opts, cache=False)[0] == build_plan(g, opts, key=p.key)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key", "not_utf8", "empty"])

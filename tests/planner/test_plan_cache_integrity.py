@@ -22,11 +22,9 @@ from hypothesis import strategies as st
 from planner_helpers import Dims, llama, llama_feeds, random_weights
 
 from uaii.ir import Graph
-from uaii.ir.plan import ArenaLayout, BufferSlot, ExecutionPlan
+from uaii.ir.plan import ExecutionPlan
 from uaii.planner import PlanCache, PlannerError, PlannerOptions, build_plan, fuse, plan
 from uaii.planner import cache as cache_module
-from uaii.planner.check import _shared_bytes
-from uaii.planner.memory import overlapping_slots
 from uaii.planner.planner import budget_ceiling
 
 Q = Dims(d=256, heads=4, kv=2, head_dim=64, ff=512, vocab=1000)
@@ -206,18 +204,6 @@ def test_a_streaming_session_rebuilds_a_damaged_entry(smollm2_path: Path, _cache
             assert not s.plan_cache_hit
             assert s.generate("The capital of France is", max_new_tokens=6).tokens == want
         assert entry.read_text() == good
-
-
-# --- the arena check's sweep finds what memory.overlapping_slots finds ------------------------------------------
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 8), st.integers(0, 64), st.integers(0, 6), st.integers(0, 3)),
-                max_size=12))
-def test_the_sweep_over_steps_finds_the_same_overlaps(raw: list[tuple[int, int, int, int]]) -> None:
-    slots = tuple(BufferSlot(f"v{i}", off * 16, n, "f32", first, first + span)
-                  for i, (off, n, first, span) in enumerate(raw))
-    arena = ArenaLayout(size=1 << 20, alignment=16, max_tokens=1, slots=slots)
-    want = {frozenset((a.value, b.value)) for a, b in overlapping_slots(arena)}
-    assert {frozenset((a.value, b.value)) for a, b in _shared_bytes(slots)} == want
 
 
 # --- eviction ------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ for a value no step produced — on every run until the cache is emptied. So the
 what it knows of the graph, and rebuilds it on the first difference (:func:`uaii.planner.plan`).
 
 The checks redo only what is cheap and deterministic, not the planner's choices (arena offsets, which weights are
-pinned); they cost a small part of planning (Gemma-3 270M: see docs/planner.md):
+pinned); they cost a small part of planning (Gemma-3 270M: see docs/planner.md), and take the order, weight uses
+and arena values that ``plan()`` has already derived for the call (:mod:`uaii.planner.derive`):
 
 - **key**: the plan's key and graph name are the ones asked for.
 - **steps**: every step reads a graph input, a weight, a constant or the output of an earlier step; each value is
@@ -14,48 +15,50 @@ pinned); they cost a small part of planning (Gemma-3 270M: see docs/planner.md):
   graph (fusion, execution order and step making are deterministic), attributes included — so a backend is handed
   nothing a fresh plan would not give it.
 - **arena**: one slot per arena value with the size, dtype and lifetime that liveness gives, aligned, inside the
-  arena; slots live at the same step share no bytes.
+  arena; slots live at the same step share no bytes (:func:`uaii.planner.memory.overlapping_slots`).
 - **storage**: the weights the steps read, each once, in first-use order, with their sizes and groups; modes the
-  budget allows; prefetch order, staging buffers, expert cache and bytes per token as they follow from the modes;
-  the whole within the budget.
+  budget allows; prefetch order, staging buffers, expert cache and bytes per token as they follow from the modes
+  (:func:`uaii.planner.storage.storage_for_modes`, which the planner makes them with); the whole within the budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 
-from uaii.ir.graph import Graph, Node
+from uaii.ir.graph import Graph
 from uaii.ir.plan import ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePlan
 from uaii.ir.registry import Registry
-from uaii.planner.liveness import execution_order
-from uaii.planner.memory import arena_values
+from uaii.planner.derive import Derived, derive
+from uaii.planner.memory import overlapping_slots
 from uaii.planner.options import PlannerOptions
 from uaii.planner.steps import make_steps
-from uaii.planner.storage import WeightUse, expert_cache_need, staging_unit, weight_uses
+from uaii.planner.storage import WeightUse, storage_for_modes
 
 
 def plan_problems(plan: ExecutionPlan, graph: Graph, fused: Graph, options: PlannerOptions, *, key: str = "",
-                  registry: Registry | None = None) -> Iterator[str]:
+                  registry: Registry | None = None, derived: Derived | None = None) -> Iterator[str]:
     """Why ``plan`` is not a plan of ``graph`` under ``options``, most basic first (nothing: it is one).
 
     ``fused`` is ``graph`` after the options' fusion passes (:func:`uaii.planner.fuse`); ``key``, when given, is
-    the key the plan was looked up by. Lazy: a caller that wants the first problem pays for no further check."""
+    the key the plan was looked up by; ``derived``, when given, is :func:`uaii.planner.derive.derive` of ``fused``
+    (under these options but for the budget), which the planner has already computed. Lazy: a caller that wants the
+    first problem pays for no further check."""
     if key and plan.key != key:
         yield f"its key is {plan.key[:16]}…, expected {key[:16]}…"
     if plan.graph_name != graph.name:
         yield f"it is a plan of graph {plan.graph_name!r}, expected {graph.name!r}"
     yield from _dataflow(plan.steps, graph)
-    order = execution_order(fused)
-    yield from _steps(plan.steps, make_steps(fused, order, options.device, registry))
-    yield from _arena(plan.arena, fused, order, options, registry)
-    yield from _storage(plan, weight_uses(fused, order, registry), options)
+    d = derived if derived is not None else derive(fused, options, registry)
+    yield from _steps(plan.steps, make_steps(d.fused, d.order, options.device, registry))
+    yield from _arena(plan.arena, d.slots, options)
+    yield from _storage(plan, d.uses, options)
 
 
 def first_problem(plan: ExecutionPlan, graph: Graph, fused: Graph, options: PlannerOptions, *, key: str = "",
-                  registry: Registry | None = None) -> str | None:
+                  registry: Registry | None = None, derived: Derived | None = None) -> str | None:
     """The first of :func:`plan_problems`, or None."""
-    return next(plan_problems(plan, graph, fused, options, key=key, registry=registry), None)
+    return next(plan_problems(plan, graph, fused, options, key=key, registry=registry, derived=derived), None)
 
 
 # --- steps --------------------------------------------------------------------------------------------------
@@ -113,12 +116,12 @@ def _steps(got: Sequence[Step], want: Sequence[Step]) -> Iterator[str]:
 
 
 # --- arena --------------------------------------------------------------------------------------------------
-def _arena(arena: ArenaLayout, fused: Graph, order: Sequence[Node], options: PlannerOptions,
-           registry: Registry | None) -> Iterator[str]:
+def _arena(arena: ArenaLayout, values: Sequence[BufferSlot], options: PlannerOptions) -> Iterator[str]:
+    """``values``: the unplaced slots of the arena values (:func:`uaii.planner.memory.arena_values`)."""
     if (arena.alignment, arena.max_tokens) != (options.alignment, options.max_tokens):
         yield (f"its arena is aligned to {arena.alignment} for {arena.max_tokens} tokens, the options say "
                f"{options.alignment} and {options.max_tokens}")
-    want = {s.value: s for s in arena_values(fused, order, options, registry)}
+    want = {s.value: s for s in values}
     seen: set[str] = set()
     for s in arena.slots:
         w = want.get(s.value)
@@ -135,26 +138,15 @@ def _arena(arena: ArenaLayout, fused: Graph, order: Sequence[Node], options: Pla
     missing = [v for v in want if v not in seen]
     if missing:
         yield f"no arena slot holds {missing[0]!r}"
-    for a, b in _shared_bytes(arena.slots):
+    shared = overlapping_slots(arena)
+    if shared:
+        a, b = shared[0]
         yield (f"arena slots {a.value!r} [{a.offset}, {a.offset + a.nbytes}) and {b.value!r} "
                f"[{b.offset}, {b.offset + b.nbytes}) are live at the same step and share bytes")
-        return
-
-
-def _shared_bytes(slots: Sequence[BufferSlot]) -> Iterator[tuple[BufferSlot, BufferSlot]]:
-    """Pairs of slots live at one step that share bytes (:func:`uaii.planner.memory.overlapping_slots`'s relation),
-    by a sweep over steps: each slot is compared with the few live when it starts, not with every slot."""
-    live: list[BufferSlot] = []
-    for s in sorted(slots, key=lambda s: (s.first_step, s.offset)):
-        live = [a for a in live if a.last_step >= s.first_step]
-        for a in live:
-            if s.nbytes and a.nbytes and a.offset < s.offset + s.nbytes and s.offset < a.offset + a.nbytes:
-                yield a, s
-        live.append(s)
 
 
 # --- storage ------------------------------------------------------------------------------------------------
-def _storage(plan: ExecutionPlan, uses: dict[str, WeightUse], options: PlannerOptions) -> Iterator[str]:
+def _storage(plan: ExecutionPlan, uses: Mapping[str, WeightUse], options: PlannerOptions) -> Iterator[str]:
     s = plan.storage
     if (s.budget_bytes, s.kv_cache_bytes) != (options.budget_bytes, options.kv_cache_bytes):
         yield (f"its storage plan is for a budget of {s.budget_bytes} bytes with a {s.kv_cache_bytes}-byte KV "
@@ -171,8 +163,7 @@ def _storage(plan: ExecutionPlan, uses: dict[str, WeightUse], options: PlannerOp
         allowed = ("mmap",) if options.budget_bytes == 0 else ("pinned", "streamed")
         if w.mode not in (allowed if u.streamable else ("pinned",)):
             yield f"weight {w.ref!r} is {w.mode}, which a budget of {options.budget_bytes} does not allow for it"
-    streamed = [uses[w.ref] for w in s.weights if w.mode == "streamed"]
-    yield from _derived(s, _expected_storage(uses, streamed, options))
+    yield from _derived(s, storage_for_modes(list(uses.values()), [w.mode for w in s.weights], options))
     total = s.pinned_bytes + s.staging_bytes + s.kv_cache_bytes + s.expert_cache_bytes + plan.arena.size
     if options.budget_bytes and total > options.budget_bytes:
         yield f"it holds {total} bytes, over the budget of {options.budget_bytes}"
@@ -192,23 +183,13 @@ def _weights_differ(got: list[str], want: list[str]) -> str:
     return f"its storage plan lists {got[i]!r} where the first use order has {want[i]!r}"
 
 
-def _expected_storage(uses: dict[str, WeightUse], streamed: list[WeightUse],
-                      options: PlannerOptions) -> dict[str, object]:
-    """What follows from the modes (as :func:`uaii.planner.storage.plan_storage` derives it)."""
-    if options.budget_bytes == 0:
-        return {"prefetch_order": tuple(u.ref for u in uses.values() if u.streamable), "staging_buffers": (),
-                "expert_cache_bytes": options.expert_cache_bytes, "streamed_bytes_per_token": 0}
-    unit = staging_unit(streamed, options.stream_unit)
-    need = expert_cache_need(streamed)
-    return {"prefetch_order": tuple(u.ref for u in streamed),
-            "staging_buffers": (unit,) * options.staging_buffers if unit and streamed else (),
-            "expert_cache_bytes": max(options.expert_cache_bytes, need) if need else 0,
-            "streamed_bytes_per_token": sum(u.per_token for u in streamed)}
+_FROM_MODES = ("prefetch_order", "staging_buffers", "expert_cache_bytes", "streamed_bytes_per_token")
+"""The fields of a storage plan that follow from its weights' modes (:func:`uaii.planner.storage.storage_for_modes`)."""
 
 
-def _derived(s: StoragePlan, expected: dict[str, object]) -> Iterator[str]:
-    for name, want in expected.items():
-        got = getattr(s, name)
+def _derived(s: StoragePlan, expected: StoragePlan) -> Iterator[str]:
+    for name in _FROM_MODES:
+        got, want = getattr(s, name), getattr(expected, name)
         if got != want:
             yield f"its storage plan has {name} {_short(got)}, the weights' modes give {_short(want)}"
 

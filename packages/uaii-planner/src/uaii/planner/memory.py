@@ -151,7 +151,11 @@ def _best_fit(placed: Sequence[tuple[int, int, BufferSlot]], s: BufferSlot, need
 def plan_memory(graph: Graph, order: Sequence[Node], options: PlannerOptions,
                 registry: Registry | None = None) -> ArenaLayout:
     """The activation arena of ``graph`` executed in ``order``."""
-    slots = arena_values(graph, order, options, registry)
+    return arena_layout(arena_values(graph, order, options, registry), options)
+
+
+def arena_layout(slots: Sequence[BufferSlot], options: PlannerOptions) -> ArenaLayout:
+    """The arena of the unplaced ``slots`` (:func:`arena_values`): offsets assigned, slots by first step."""
     size, offsets = assign_offsets(slots, options.alignment, options.enable_memory_reuse)
     placed = sorted((BufferSlot(s.value, offsets[s.value], s.nbytes, s.dtype, s.first_step, s.last_step)
                      for s in slots), key=lambda s: (s.first_step, s.value))
@@ -182,17 +186,21 @@ def memory_report(arena: ArenaLayout) -> MemoryReport:
 
 
 def overlapping_slots(arena: ArenaLayout) -> list[tuple[BufferSlot, BufferSlot]]:
-    """Pairs of slots that are live at the same step and share bytes; a correct plan has none."""
+    """Pairs of slots that are live at the same step and share bytes; a correct plan has none.
+
+    A sweep over steps: each slot is compared only with the slots still live when it starts, not with every slot
+    (the check of a cached plan runs this on every cache hit). Pairs come in the sweep's order, by first step."""
     bad = []
-    slots = sorted(arena.slots, key=lambda s: s.offset)
-    for i, a in enumerate(slots):
-        for b in slots[i + 1:]:
-            if b.offset >= a.offset + a.nbytes:
-                break
-            if b.nbytes and a.nbytes and a.first_step <= b.last_step and b.first_step <= a.last_step:
-                bad.append((a, b))
+    live: list[BufferSlot] = []
+    for s in sorted(arena.slots, key=lambda s: (s.first_step, s.offset)):
+        live = [a for a in live if a.last_step >= s.first_step]
+        for a in live:
+            if (s.nbytes and a.nbytes and a.first_step <= s.last_step
+                    and a.offset < s.offset + s.nbytes and s.offset < a.offset + a.nbytes):
+                bad.append((a, s))
+        live.append(s)
     return bad
 
 
-__all__ = ["STATE_OUTPUTS", "MemoryReport", "align_up", "arena_values", "assign_offsets", "bound_nbytes",
-           "dim_bound", "memory_report", "overlapping_slots", "plan_memory", "state_values"]
+__all__ = ["STATE_OUTPUTS", "MemoryReport", "align_up", "arena_layout", "arena_values", "assign_offsets",
+           "bound_nbytes", "dim_bound", "memory_report", "overlapping_slots", "plan_memory", "state_values"]

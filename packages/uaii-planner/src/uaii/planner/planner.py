@@ -28,24 +28,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 from functools import cache
 from importlib import metadata
 from pathlib import Path
 
 from uaii.ir.graph import Graph
-from uaii.ir.plan import PLAN_FORMAT_VERSION, ArenaLayout, ExecutionPlan
+from uaii.ir.plan import PLAN_FORMAT_VERSION, ArenaLayout, BufferSlot, ExecutionPlan
 from uaii.ir.registry import Registry
 from uaii.ir.serialize import to_bytes
 from uaii.ir.validator import check
 from uaii.planner.cache import PlanCache
 from uaii.planner.check import first_problem
-from uaii.planner.liveness import execution_order
-from uaii.planner.memory import align_up, arena_values, memory_report, plan_memory
+from uaii.planner.derive import Derived, derive
+from uaii.planner.memory import align_up, arena_layout, memory_report
 from uaii.planner.options import PlannerOptions
 from uaii.planner.passes import default_passes, run_passes
 from uaii.planner.steps import Placement, make_steps, place
-from uaii.planner.storage import expert_cache_need, plan_storage, staging_unit, weight_uses
+from uaii.planner.storage import WeightUse, expert_cache_need, staging_unit, storage_for_uses
 
 log = logging.getLogger("uaii.planner")
 
@@ -101,12 +102,15 @@ def build_plan(graph: Graph, options: PlannerOptions | None = None, *, registry:
     fused = fuse(graph, opts, registry)
     if fused is not graph:
         check(fused, registry)
-    order = execution_order(fused)
-    arena = plan_memory(fused, order, opts, registry)
-    storage = plan_storage(fused, order, arena, opts, registry)
-    return ExecutionPlan(key=key or plan_key(graph, opts), graph_name=graph.name,
-                         steps=make_steps(fused, order, opts.device, registry), arena=arena, storage=storage,
-                         metadata=plan_metadata(graph, fused, opts, arena))
+    return _build(graph, derive(fused, opts, registry), opts, registry, key or plan_key(graph, opts))
+
+
+def _build(graph: Graph, d: Derived, options: PlannerOptions, registry: Registry | None, key: str) -> ExecutionPlan:
+    """:func:`build_plan` from what is derived of the fused graph, once that graph is validated."""
+    arena = arena_layout(d.slots, options)
+    storage = storage_for_uses(list(d.uses.values()), arena, options)
+    return ExecutionPlan(key=key, graph_name=graph.name, steps=make_steps(d.fused, d.order, options.device, registry),
+                         arena=arena, storage=storage, metadata=plan_metadata(graph, d.fused, options, arena))
 
 
 def plan_metadata(graph: Graph, fused: Graph, options: PlannerOptions,
@@ -130,10 +134,14 @@ def budget_ceiling(fused: Graph, options: PlannerOptions, registry: Registry | N
     """Bytes no storage plan of ``fused`` (the graph after fusion) can exceed under ``options``, whatever it pins:
     every weight, ``staging_buffers`` buffers sized as if every weight streamed, the KV cache, the expert cache as
     if every bank streamed, and the arena without reuse. (Staging and the expert cache grow with what streams.)"""
-    order = execution_order(fused)
-    uses = list(weight_uses(fused, order, registry).values())
+    d = derive(fused, options, registry)
+    return _ceiling(d.uses.values(), d.slots, options)
+
+
+def _ceiling(uses: Collection[WeightUse], slots: Iterable[BufferSlot], options: PlannerOptions) -> int:
+    """:func:`budget_ceiling` of the weight uses and the unplaced arena slots of the fused graph."""
     streamable = [u for u in uses if u.streamable]
-    arena = sum(align_up(s.nbytes, options.alignment) for s in arena_values(fused, order, options, registry))
+    arena = sum(align_up(s.nbytes, options.alignment) for s in slots)
     return (sum(u.nbytes for u in uses) + options.staging_buffers * staging_unit(streamable, options.stream_unit)
             + options.kv_cache_bytes + max(options.expert_cache_bytes, expert_cache_need(streamable)) + arena)
 
@@ -143,7 +151,14 @@ def keyed_options(fused: Graph, options: PlannerOptions, registry: Registry | No
     and made with (the plan is the same at any budget from the ceiling up; see the module doc)."""
     if not options.budget_bytes:
         return options
-    ceiling = budget_ceiling(fused, options, registry)
+    return _lowered(derive(fused, options, registry), options)
+
+
+def _lowered(d: Derived, options: PlannerOptions) -> PlannerOptions:
+    """:func:`keyed_options` from what is derived of the fused graph."""
+    if not options.budget_bytes:
+        return options
+    ceiling = _ceiling(d.uses.values(), d.slots, options)
     return replace(options, budget_bytes=ceiling) if options.budget_bytes > ceiling else options
 
 
@@ -159,18 +174,24 @@ def plan(graph: Graph, options: PlannerOptions | None = None, cache: bool | Plan
     """
     opts = options if options is not None else PlannerOptions()
     store = cache if isinstance(cache, PlanCache) else (PlanCache() if cache else None)
-    keyed, fused = _keyed(graph, opts, registry)
+    derived = _derived(graph, opts, registry)
+    keyed = _lowered(derived, opts) if derived is not None else opts
     key = plan_key(graph, keyed)
     if store is not None:
         hit = store.load(key)
         if hit is not None:
-            problem = cached_plan_problem(hit, graph, keyed, key, fused=fused, registry=registry)
+            problem = cached_plan_problem(hit, graph, keyed, key, derived=derived, registry=registry)
             if problem is None:
                 return _served(hit, opts, placement), True
             log.warning("[planner] plan cache entry %s does not match graph %r: %s; planning again and overwriting "
                         "it (`uaii cache clear` empties the plan cache)", store.path_for(key), graph.name, problem)
     check(graph, registry)
-    result = build_plan(graph, keyed, registry=registry, key=key)
+    if derived is None:  # build_plan raises what stopped the derivation, after validating the fused graph
+        result = build_plan(graph, keyed, registry=registry, key=key)
+    else:
+        if derived.fused is not graph:
+            check(derived.fused, registry)
+        result = _build(graph, derived, keyed, registry, key)
     if store is not None:
         try:
             store.store(result)
@@ -181,15 +202,16 @@ def plan(graph: Graph, options: PlannerOptions | None = None, cache: bool | Plan
 
 
 def cached_plan_problem(p: ExecutionPlan, graph: Graph, options: PlannerOptions, key: str, *,
-                        fused: Graph | None = None, registry: Registry | None = None) -> str | None:
+                        derived: Derived | None = None, registry: Registry | None = None) -> str | None:
     """Why ``p``, read from the cache under ``key``, is not the plan :func:`build_plan` makes of ``graph`` with
-    ``options`` (its choices of offsets and pins aside), or None. Never raises: a plan whose check fails with an
-    error is reported as that error, since it cannot be trusted either."""
+    ``options`` (its choices of offsets and pins aside), or None. ``derived``: what is derived of the fused graph
+    (:mod:`uaii.planner.derive`), when the caller has it. Never raises: a plan whose check fails with an error is
+    reported as that error, since it cannot be trusted either."""
     try:
-        fused = fused if fused is not None else fuse(graph, options, registry)
-        problem = first_problem(p, graph, fused, options, key=key, registry=registry)
+        d = derived if derived is not None else derive(fuse(graph, options, registry), options, registry)
+        problem = first_problem(p, graph, d.fused, options, key=key, registry=registry, derived=d)
         if problem is None:
-            got, want = dict(p.metadata), dict(plan_metadata(graph, fused, options, p.arena))
+            got, want = dict(p.metadata), dict(plan_metadata(graph, d.fused, options, p.arena))
             name = next((k for k in sorted(got.keys() | want.keys()) if got.get(k) != want.get(k)), None)
             if name is not None:
                 problem = f"its metadata {name!r} is {got.get(name)!r}, expected {want.get(name)!r}"
@@ -198,17 +220,15 @@ def cached_plan_problem(p: ExecutionPlan, graph: Graph, options: PlannerOptions,
     return problem
 
 
-def _keyed(graph: Graph, opts: PlannerOptions, registry: Registry | None) -> tuple[PlannerOptions, Graph | None]:
-    """(the keyed options, the fused graph when it was computed). The graph is not validated yet (a cache hit
-    skips that): a graph the ceiling cannot be computed for keeps its options, and planning reports the error."""
-    if not opts.budget_bytes:
-        return opts, None
+def _derived(graph: Graph, opts: PlannerOptions, registry: Registry | None) -> Derived | None:
+    """What :func:`plan` derives once for the ceiling, the check of a hit and the build of a miss, or None. The
+    graph is not validated yet (a cache hit skips that): a graph that cannot be derived keeps its options, and
+    planning reports the error."""
     try:
-        fused = fuse(graph, opts, registry)
-        return keyed_options(fused, opts, registry), fused
+        return derive(fuse(graph, opts, registry), opts, registry)
     except Exception:  # check(graph) before planning names what is wrong
-        log.debug("[planner] no budget ceiling for graph %r", graph.name, exc_info=True)
-        return opts, None
+        log.debug("[planner] cannot derive the plan of graph %r before validating it", graph.name, exc_info=True)
+        return None
 
 
 def _served(p: ExecutionPlan, options: PlannerOptions, placement: Placement | None) -> ExecutionPlan:

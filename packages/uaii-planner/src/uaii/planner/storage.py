@@ -375,24 +375,36 @@ def _budget_error(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions)
 def plan_storage(graph: Graph, order: Sequence[Node], arena: ArenaLayout, options: PlannerOptions,
                  registry: Registry | None = None) -> StoragePlan:
     """The storage plan of ``graph`` executed in ``order`` with ``arena`` (see the module doc)."""
-    uses = list(weight_uses(graph, order, registry).values())
-    if options.budget_bytes == 0:
-        weights = tuple(WeightPlacement(u.ref, u.nbytes, u.group, "mmap" if u.streamable else "pinned")
-                        for u in uses)
-        return StoragePlan(budget_bytes=0, weights=weights,
-                           prefetch_order=tuple(u.ref for u in uses if u.streamable),
-                           expert_cache_bytes=options.expert_cache_bytes, kv_cache_bytes=options.kv_cache_bytes)
-    fit = choose_pins(uses, options, arena.size)
+    return storage_for_uses(list(weight_uses(graph, order, registry).values()), arena, options)
 
-    modes = ["pinned" if _held(u, fit.pinned, options) else "streamed" for u in uses]
+
+def storage_for_uses(uses: Sequence[WeightUse], arena: ArenaLayout, options: PlannerOptions) -> StoragePlan:
+    """:func:`plan_storage` of the weights ``uses`` (:func:`weight_uses`, in first-use order): the pinning rule
+    chooses the modes, :func:`storage_for_modes` the rest."""
+    if options.budget_bytes == 0:
+        return storage_for_modes(uses, ["mmap" if u.streamable else "pinned" for u in uses], options)
+    fit = choose_pins(uses, options, arena.size)
+    return storage_for_modes(uses, ["pinned" if _held(u, fit.pinned, options) else "streamed" for u in uses], options)
+
+
+def storage_for_modes(uses: Sequence[WeightUse], modes: Sequence[str], options: PlannerOptions) -> StoragePlan:
+    """The storage plan that places ``uses`` in ``modes`` (one each): prefetch order, staging buffers, expert cache
+    and bytes per token follow from the modes alone. The planner makes its plans with it, and the check of a cached
+    plan (:mod:`uaii.planner.check`) compares with it, so the two cannot drift apart. Without a budget every
+    streamable weight is in the prefetch order (memory-mapped, read ahead) and nothing is staged."""
+    weights = tuple(WeightPlacement(u.ref, u.nbytes, u.group, m) for u, m in zip(uses, modes, strict=True))
+    if options.budget_bytes == 0:
+        return StoragePlan(budget_bytes=0, weights=weights, prefetch_order=tuple(u.ref for u in uses if u.streamable),
+                           expert_cache_bytes=options.expert_cache_bytes, kv_cache_bytes=options.kv_cache_bytes)
     streamed = [u for u, m in zip(uses, modes, strict=True) if m == "streamed"]
+    unit = staging_unit(streamed, options.stream_unit)
+    experts = expert_cache_need(streamed)  # as :func:`_fit` counts it
     return StoragePlan(
-        budget_bytes=options.budget_bytes,
-        weights=tuple(WeightPlacement(u.ref, u.nbytes, u.group, m) for u, m in zip(uses, modes, strict=True)),
-        staging_buffers=(fit.staging,) * options.staging_buffers if fit.staging and streamed else (),
+        budget_bytes=options.budget_bytes, weights=weights,
+        staging_buffers=(unit,) * options.staging_buffers if unit and streamed else (),
         prefetch_order=tuple(u.ref for u in streamed),
-        expert_cache_bytes=fit.parts["expert_cache"], kv_cache_bytes=options.kv_cache_bytes,
-        streamed_bytes_per_token=sum(u.per_token for u in streamed))
+        expert_cache_bytes=max(options.expert_cache_bytes, experts) if experts else 0,
+        kv_cache_bytes=options.kv_cache_bytes, streamed_bytes_per_token=sum(u.per_token for u in streamed))
 
 
 def summarize(plan: ExecutionPlan) -> dict[str, Any]:
@@ -417,4 +429,5 @@ def summarize(plan: ExecutionPlan) -> dict[str, Any]:
 
 __all__ = ["CHUNK_MIN", "EMBED", "LM_HEAD", "NORM", "OTHER", "PAGE", "SMALL", "WEIGHT_GROUP_RULES", "WeightUse",
            "choose_pins", "drop_order", "expert_cache_need", "group_of", "is_trunk", "page_round", "pin_priority",
-           "pin_unit", "plan_storage", "spread", "staging_unit", "summarize", "weight_group", "weight_uses"]
+           "pin_unit", "plan_storage", "spread", "staging_unit", "storage_for_modes", "storage_for_uses", "summarize",
+           "weight_group", "weight_uses"]
