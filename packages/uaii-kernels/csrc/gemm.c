@@ -24,7 +24,7 @@
 #define GEMV_MAX_M 3      /* up to this many activation rows use the direct dot kernels */
 #define GEMM_CHUNK 16     /* weight rows per chunk for batches */
 
-enum { PATH_FLOAT, PATH_INT, PATH_DEQUANT };
+enum { PATH_FLOAT, PATH_INT, PATH_INT16, PATH_DEQUANT };   /* PATH_INT16: PATH_INT with 16-bit activations */
 
 #define MAX_SHARES 16     /* contiguous shares of the chunks, one per task (tasks beyond share the shares) */
 typedef struct {
@@ -33,7 +33,7 @@ typedef struct {
 } share_t;
 
 typedef struct {
-    int type, path, act16;  /* act16: the int16 path of mode 2 (PATH_INT) */
+    int type, path;
     const uk_traits_t *tr;
     const uint8_t *w;
     int64_t n, k, nb, row_bytes;
@@ -62,13 +62,11 @@ static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float 
         uk_kt.tile16[c->type](k, (int)nr, (int)m, w, c->row_bytes, c->aq16, c->ad, y, c->ldy);
         return;
     }
-    if (c->prep) {                                /* wide GEMV types: every pair as a decode row sums it */
-        if (!decode && uk_kt.gemmw[c->type]) {
-            uk_kt.gemmw[c->type](k, w, c->row_bytes, nr, m, c->prep, c->prep_stride, y, c->ldy);
-            return;
-        }
-        for (int64_t j = 0; j < m; j++)
-            uk_kt.dotw[c->type](k, w, c->row_bytes, nr, c->prep + j * c->prep_stride, y + j * c->ldy);
+    if (c->prep) {        /* wide GEMV types: decode rows one by one, batches at once; every pair summed alike */
+        const int64_t step = decode ? 1 : m;
+        for (int64_t j = 0; j < m; j += step)
+            uk_kt.gemmw[c->type](k, w, c->row_bytes, nr, step, c->prep + j * c->prep_stride, c->prep_stride,
+                                 y + j * c->ldy, c->ldy);
         return;
     }
     uk_dotq_fn dot = uk_kt.dotq[c->type];
@@ -100,7 +98,7 @@ static void process_chunk(gemm_ctx *c, int ith, int64_t i0, int64_t nr) {
     const int64_t k = c->k;
     const uint8_t *w = c->w + i0 * c->row_bytes;
     float *y = c->y + i0;
-    if (c->path == PATH_INT) {
+    if (c->path == PATH_INT || c->path == PATH_INT16) {
         int_chunk(c, ith, w, nr, y);
         return;
     }
@@ -164,15 +162,15 @@ static void prep_task(void *arg, int ith, int nth) {
 
 /* scratch for the activation rows of an integer-path call: quantized, and rearranged where needed */
 static int prep_activations(gemm_ctx *c, int nthreads) {
-    const int64_t m = c->m, k = c->k, nb = c->nb, qbytes = c->act16 ? 2 : 1;
+    const int64_t m = c->m, k = c->k, nb = c->nb, qbytes = c->path == PATH_INT16 ? 2 : 1;
     int8_t *aq = uk_scratch(UK_SLOT_SHARED, (size_t)m * (size_t)(qbytes * k + 8 * nb) + 64);
     if (!aq) return UK_E_NOMEM;
     c->aq = aq;
     c->ad = (float *)(aq + qbytes * m * k + (64 - (qbytes * m * k) % 64) % 64);
     c->as = c->ad + m * nb;
-    if (c->act16) {
+    if (c->path == PATH_INT16) {
         c->aq16 = (int16_t *)aq;
-    } else if (uk_kt.dotw[c->type]) {                /* decode rows and batches (see int_chunk) */
+    } else if (uk_kt.gemmw[c->type]) {               /* decode rows and batches (see int_chunk) */
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));
         if (!c->prep) return UK_E_NOMEM;
@@ -191,14 +189,23 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
     return UK_OK;
 }
 
+/* the path of `type` (traits tr) in `mode` (0..2): the one rule of uk_gemm and uk_gemm_path_mode. F32 rows are
+   used in place in every mode; mode 1 dequantizes every other type; mode 2 takes 16-bit activations for the types
+   with a tile16 kernel; block types take the integer path where they have a dot kernel or a repacked form. */
+static int path_code(int type, const uk_traits_t *tr, int mode) {
+    if (type == T_F32) return PATH_FLOAT;
+    if (mode == 1) return PATH_DEQUANT;
+    if (type == T_F16 || type == T_BF16) return PATH_FLOAT;
+    if (mode == 2 && uk_kt.tile16[type]) return PATH_INT16;
+    return tr->repack || uk_kt.dotq[type] ? PATH_INT : PATH_DEQUANT;
+}
+
 int uk_gemm_path_mode(int type, int mode) {
     uk_init();
     const uk_traits_t *tr = uk_traits(type);
     if (!tr || mode < 0 || mode > 2) return 0;
-    const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
-    if (mode == 1) return type == T_F32 ? 2 : 1;
-    if (mode == 2 && tr->act16) return 4;
-    return tr->repack || uk_kt.dotq[type] || plain ? 2 : 1;
+    static const int code[] = {[PATH_FLOAT] = 2, [PATH_INT] = 2, [PATH_INT16] = 4, [PATH_DEQUANT] = 1};
+    return code[path_code(type, tr, mode)];
 }
 
 int uk_gemm_path(int type) { return uk_gemm_path_mode(type, 0); }
@@ -227,13 +234,7 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     gemm_ctx c = {.type = type, .tr = tr, .w = w, .n = n, .k = k, .nb = k / QK, .x = x, .m = m, .ldx = ldx,
                   .y = y, .ldy = ldy};
     c.row_bytes = k / tr->elems * tr->bytes;
-    const int plain = type == T_F32 || type == T_F16 || type == T_BF16;
-    if (plain) c.path = (mode == 1 && type != T_F32) ? PATH_DEQUANT : PATH_FLOAT;
-    else if (mode == 2 && tr->act16) {
-        c.path = PATH_INT;
-        c.act16 = 1;
-    } else if (mode != 1 && (tr->repack || uk_kt.dotq[type])) c.path = PATH_INT;
-    else c.path = PATH_DEQUANT;
+    c.path = path_code(type, tr, mode);
     const int nthreads = uk_get_num_threads();
     if (m <= GEMV_MAX_M) {                    /* decode: enough chunks to balance, at least 8 rows each */
         int64_t per = n / ((int64_t)nthreads * 8);
@@ -251,7 +252,7 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     }
     int rc = UK_OK;
     uk_parallel_begin();
-    if (c.path == PATH_INT && (rc = prep_activations(&c, nthreads)) != UK_OK) goto done;
+    if ((c.path == PATH_INT || c.path == PATH_INT16) && (rc = prep_activations(&c, nthreads)) != UK_OK) goto done;
     uk_parallel_run(gemm_task, &c, tasks);
     if (atomic_load(&c.failed)) rc = UK_E_NOMEM;
 done:

@@ -308,15 +308,24 @@ void uk_quant_q6_k(const float *x, void *dst, int64_t nb) {
     }
 }
 
+/* one block of 32 activations: amax (returned) and r = round-half-even(x * qmax / amax), the part the 8-bit and
+   the 16-bit quantizers share (|x * qmax / amax| <= qmax + a rounding error: r fits their int type) */
+static float qa_block(const float *x, float qmax, int r[QK]) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) amax = UK_MAX(amax, fabsf(x[j]));
+    const float id = amax != 0.0f ? qmax / amax : 0.0f;
+    for (int j = 0; j < QK; j++) r[j] = (int)nearbyintf(x[j] * id);
+    return amax;
+}
+
 /* --- activations: per 32 values q = round-half-even(x * 127 / amax), d = amax / 127, s = d * sum(q) ----------- */
 void uk_q8a_ref(const float *x, int64_t k, int8_t *q, float *d, float *s) {
     for (int64_t b = 0; b < k / QK; b++, x += QK, q += QK) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = UK_MAX(amax, fabsf(x[j]));
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int r[QK];
+        const float amax = qa_block(x, 127.0f, r);
         int sum = 0;
         for (int j = 0; j < QK; j++) {
-            q[j] = (int8_t)(int)nearbyintf(x[j] * id);
+            q[j] = (int8_t)r[j];
             sum += q[j];
         }
         d[b] = amax / 127.0f;
@@ -327,10 +336,9 @@ void uk_q8a_ref(const float *x, int64_t k, int8_t *q, float *d, float *s) {
 /* --- 16-bit activations (Q8_0 weights): q = round-half-even(x * 32767 / amax) as int16, d = amax / 32767 ------ */
 void uk_q16a_ref(const float *x, int64_t k, int16_t *q, float *d) {
     for (int64_t b = 0; b < k / QK; b++, x += QK, q += QK) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = UK_MAX(amax, fabsf(x[j]));
-        const float id = amax != 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < QK; j++) q[j] = (int16_t)(int)nearbyintf(x[j] * id);   /* |x * id| <= 32767.004 */
+        int r[QK];
+        const float amax = qa_block(x, 32767.0f, r);
+        for (int j = 0; j < QK; j++) q[j] = (int16_t)r[j];   /* |x * 32767 / amax| <= 32767.004 */
         d[b] = amax / 32767.0f;
     }
 }

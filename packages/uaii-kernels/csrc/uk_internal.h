@@ -137,9 +137,6 @@ typedef struct {
     uk_quant_fn quant;         /* scalar, NULL when not implemented */
     uk_repack_fn repack;       /* NULL: the f32 fallback path */
     int repack_signed;         /* q is int8 (else uint8 with 0 <= q <= 63 and a min term) */
-    int act16;                 /* uk_gemm mode 2 ("precise") runs 16-bit activations (uk_q16a_ref) and the tile16
-                                  kernels: Q8_0, whose 8-bit weights leave the 8-bit activations as the larger error
-                                  of the product; modes 0 and 1 never use them */
 } uk_traits_t;
 
 const uk_traits_t *uk_traits(int type);      /* NULL for an unknown or unsupported type */
@@ -151,10 +148,8 @@ void uk_aprep8(int64_t k, const int8_t *aq, const float *ad, const float *as, ui
 /* direct integer GEMV: one weight row . quantized activation row */
 typedef float (*uk_dotq_fn)(int64_t k, const void *w, const int8_t *aq, const float *ad, const float *as);
 /* wide GEMV (x86_gemv512.inc): the quantized activation row rearranged once per call by gprep into at most
-   UK_GPREP_BYTES(k) bytes (64-byte aligned), then dotw per weight row */
+   UK_GPREP_BYTES(k) bytes (64-byte aligned), then gemmw over the weight rows */
 typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);
-/* y[i] = row i . prepared activation, for nr weight rows of row_bytes each */
-typedef void (*uk_dotw_fn)(int64_t k, const uint8_t *w, int64_t row_bytes, int64_t nr, const uint8_t *prep, float *y);
 #define UK_GPREP_BYTES(k) ((size_t)(k) * 2 + 512)
 typedef void (*uk_qact_fn)(const float *x, int64_t k, int8_t *q, float *d, float *s);
 /* The 16-bit activation form (act16 types, uk_gemm mode 2): per 32 values q = round-half-even(x * 32767 / amax)
@@ -207,11 +202,13 @@ typedef void (*uk_tileh_fn)(int type, int64_t k, int nr, int mr, const uint16_t 
 typedef struct {
     uk_rows_fn dequant[UK_NTYPES];
     uk_dotq_fn dotq[UK_NTYPES];      /* NULL: repack the row and use tileq */
-    uk_gprep_fn gprep[UK_NTYPES];    /* with dotw: preferred over dotq for decode rows; NULL: none */
-    uk_dotw_fn dotw[UK_NTYPES];
+    uk_gprep_fn gprep[UK_NTYPES];    /* with gemmw: preferred over dotq and pack8; NULL: none */
     uk_qact_fn quant_act;
     uk_qact16_fn quant_act16;
-    uk_tile16_fn tile16[UK_NTYPES];  /* act16 types in mode 2: decode rows and batches (filled on every ISA) */
+    /* the act16 types, which uk_gemm mode 2 ("precise") runs with 16-bit activations (uk_q16a_ref) for decode
+       rows and batches: Q8_0, whose 8-bit weights leave the 8-bit activations as the larger error of the
+       product; modes 0 and 1 never use them. Filled alike on every ISA; NULL: not an act16 type */
+    uk_tile16_fn tile16[UK_NTYPES];
     uk_tileq_fn tileq;
     uk_tilef_fn tilef;
     uk_tileh_fn tileh;               /* NULL: widen a chunk, then tilef */
@@ -221,7 +218,7 @@ typedef struct {
     int flags8[UK_NTYPES];
     uk_tile8_fn tile8;
     /* wide GEMV types: nr weight rows against mr prepared activation rows (prep_stride bytes apart), each pair
-       summed exactly as dotw sums it; NULL: dotw once per activation row */
+       summed with the same operations whatever mr (a decode row is mr = 1); set with gprep, NULL: none */
     void (*gemmw[UK_NTYPES])(int64_t k, const uint8_t *w, int64_t row_bytes, int64_t nr, int64_t mr,
                              const uint8_t *prep, int64_t prep_stride, float *y, int64_t ldy);
     /* operators (ops_impl.inc) */
