@@ -30,11 +30,11 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,18 @@ def kl_rows(ref_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
     return out
 
 
+def score(ref_logp: np.ndarray, pre: np.ndarray, decode_rows: Iterable[np.ndarray]) -> dict[str, Any]:
+    """KL from the exact distributions of every position's logits of one batched pass (``pre``) and of the decode
+    path (``decode_rows``: one row per position, in order), and the largest |prefill - decode| logit difference;
+    the same figures for both engines."""
+    kl_pre = kl_rows(ref_logp, pre)
+    kl_dec, diff = np.empty(len(pre)), np.empty(len(pre))
+    for i, row in enumerate(decode_rows):
+        kl_dec[i] = kl_rows(ref_logp[i:i + 1], row[None])[0]
+        diff[i] = np.abs(row - pre[i]).max()
+    return {"prefill": kl_pre.tolist(), "decode": kl_dec.tolist(), "max_diff": float(diff.max())}
+
+
 # --- ours -----------------------------------------------------------------------------------------------------
 def all_logits(path: Path, ids: list[int], gemm: str, kv: str) -> np.ndarray:
     """Every position's logits from one batched pass over ``ids`` through a KV cache of type ``kv``, as a Session's
@@ -121,13 +133,7 @@ def ours(path: Path, ids: list[int], kv: str, threads: int, ref_file: Path) -> d
     ref = np.load(ref_file, mmap_mode="r")
     pre = all_logits(path, ids, "fast", kv)
     with Session(path, gemm="fast", kv_dtype=kv, n_threads=threads) as s:
-        kl_pre = kl_rows(ref, pre)
-        kl_dec, diff = np.empty(len(ids)), np.empty(len(ids))
-        for i, t in enumerate(ids):
-            row = s.forward([t])
-            kl_dec[i] = kl_rows(ref[i:i + 1], row[None])[0]
-            diff[i] = np.abs(row - pre[i]).max()
-    return {"prefill": kl_pre.tolist(), "decode": kl_dec.tolist(), "max_diff": float(diff.max())}
+        return score(ref, pre, (s.forward([t]) for t in ids))
 
 
 # --- llama.cpp (runs in its own venv: numpy and llama_cpp only) ------------------------------------------------
@@ -143,16 +149,14 @@ def llama_worker(model: str, ids_file: str, ref_file: str, kv: str, threads: int
                           verbose=False)
     llm.eval(ids)                                                          # one batched pass: every position
     pre = np.array(llm.scores[:n], np.float32)
-    kl_pre = kl_rows(ref, pre)
     llm.reset()
-    kl_dec, diff = np.empty(n), np.empty(n)
-    for i, t in enumerate(ids):
-        llm.eval([t])
-        row = np.array(llm.scores[i], np.float32)
-        kl_dec[i] = kl_rows(ref[i:i + 1], row[None])[0]
-        diff[i] = np.abs(row - pre[i]).max()
-    return {"prefill": kl_pre.tolist(), "decode": kl_dec.tolist(), "max_diff": float(diff.max()),
-            "system": llama_cpp.llama_print_system_info().decode().strip()}
+
+    def decode_rows() -> Iterable[np.ndarray]:
+        for i, t in enumerate(ids):
+            llm.eval([t])
+            yield np.array(llm.scores[i], np.float32)
+
+    return {**score(ref, pre, decode_rows()), "system": llama_cpp.llama_print_system_info().decode().strip()}
 
 
 def llama_python(venv: Path) -> tuple[Path | None, str]:
@@ -187,16 +191,6 @@ def llama(py: Path, path: Path, ids: list[int], kv: str, threads: int, ref_file:
 
 
 # --- report ---------------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def compare(ours_kl: list[float], theirs_kl: list[float] | None) -> tuple[str, str, bool]:
     """Ratio of the means, the paired difference of the per-position KL in standard errors, and whether ours is
     not larger. The positions are the same for both engines, so the paired error is the one that says whether a
@@ -214,10 +208,12 @@ def render(rows: list[dict[str, Any]], llama_note: str) -> bool:
           "paired difference / its s.e. | max abs(prefill - decode), ours | llama.cpp |")
     print("|---|---|---|---|---|---|---|---|")
     met = True
+    z_of: dict[str, str] = {}                           # "label path" -> the paired difference / its s.e.
     for r in rows:
         for p in ("prefill", "decode"):
             theirs = r["llama"].get(p)
             ratio, z, ok = compare(r["ours"][p], theirs)
+            z_of[f"{r['label']} {p}"] = z
             met &= ok
             lc = f"{np.mean(theirs):.5f}" if theirs is not None else "n/a"
             print(f"| {r['label']} | {p} | {np.mean(r['ours'][p]):.5f} | {lc} | {ratio} | {z} | "
@@ -229,11 +225,9 @@ def render(rows: list[dict[str, Any]], llama_note: str) -> bool:
     verdict = "met" if met and have_llama else ("missed" if not met else "not decided (no llama.cpp figures)")
     print(f"goal (ours <= llama.cpp on both paths of every row; prefill and decode within 0.05): {verdict}")
     if have_llama:
-        worse = [f"{r['label']} {p}" for r in rows for p in ("prefill", "decode")
-                 if float(compare(r["ours"][p], r["llama"][p])[1]) >= 2.0]
+        worse = [name for name, z in z_of.items() if float(z) >= 2.0]
         print("significantly worse than llama.cpp (paired difference >= 2 s.e.): " + (", ".join(worse) or "no row"))
-        better = [f"{r['label']} {p}" for r in rows for p in ("prefill", "decode")
-                  if float(compare(r["ours"][p], r["llama"][p])[1]) <= -2.0]
+        better = [name for name, z in z_of.items() if float(z) <= -2.0]
         print(f"significantly better (paired difference <= -2 s.e.): {len(better)} of {2 * len(rows)} rows")
         print(f"llama.cpp build: {rows[0]['llama'].get('system', '?')}")
     return met
@@ -258,13 +252,14 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "bench"))
     from bench_models import model_path
 
+    from uaii.backends.cpu.backend import cpu_name
     from uaii.kernels import get_isa, set_num_threads
 
     set_num_threads(args.threads)
     cache = Path(os.environ.get("UAII_CACHE_DIR", Path.home() / ".cache" / "uaii"))
     py, note = (None, "--no-llama") if args.no_llama else llama_python(
         args.llama_venv or cache / f"llamacpp-venv-{LLAMA_CPP_PYTHON}")
-    print(f"{datetime.date.today()}, cpu: {cpu_model()}, {os.cpu_count()} logical cores, uaii kernels {get_isa()}, "
+    print(f"{datetime.date.today()}, cpu: {cpu_name()}, {os.cpu_count()} logical cores, uaii kernels {get_isa()}, "
           f"{args.threads} threads; llama-cpp-python {LLAMA_CPP_PYTHON if py else 'unavailable'}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from uaii.backends.base import BackendError, WeightSource, weight_key
+from uaii.backends.config import GEMM_MODES as CONFIG_GEMM_MODES
 from uaii.backends.cpu.bind import Bind, Step, WeightData, status_fail, to_f32
 from uaii.backends.cpu.kv import KeyRotation, KVState
 from uaii.backends.cpu.memory import Layout, NodeInfo, VType, infer_types, nbytes_of, plan_layout
@@ -30,7 +31,7 @@ from uaii.kernels import PackedWeight
 
 GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA}
 MAX_BINDINGS = 8
-GEMM_MODES = {"fast": 0, "f32": 1}
+GEMM_MODES = {name: mode for mode, name in enumerate(CONFIG_GEMM_MODES)}   # in uk_gemm's mode order: 0, 1
 """``fast``: the kernels' fastest path per weight type (int8 dot products on 8-bit quantized activations for block
 types, as llama.cpp), and 16-bit activations for the output projection where the type has them (see
 :meth:`CpuExecutable.gemm_mode_for`); ``f32``: weights dequantized row by row and float32 dot products (exact,
