@@ -1,0 +1,359 @@
+"""The WebGPU executable: weights on the device once, and per feed-shape key a *binding* — the program of
+dispatches over regions of one activation arena — so that ``run`` is: write the feeds, submit, read the outputs.
+
+Activations live in one arena buffer laid out by liveness (first fit, offsets aligned for storage bindings);
+Reshape and Identity of an activation are views (the same region). Weights are uploaded at compile time in the form
+their readers ask for: the stored encoding for GEMV/gather readers (``Lower.packed``: block-quantized bytes, f16/bf16
+words; sharded by rows when larger than one storage binding), f32/i32 for everything else. Weights named in
+``streamed`` stay on the host and are uploaded into a staging buffer before the node that reads them, which is how a
+model larger than the device budget runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from uaii.backends.analysis import NodeInfo, VType, infer_types
+from uaii.backends.base import BackendError, WeightSource, weight_key
+from uaii.backends.webgpu.device import GpuDevice
+from uaii.backends.webgpu.lower import GpuWeight, Lower, Shard
+from uaii.backends.webgpu.program import (
+    Dispatch,
+    Op,
+    Region,
+    Upload,
+    device_nbytes,
+    from_device,
+    pack_params,
+    to_device,
+)
+from uaii.ir import Graph
+
+MAX_BINDINGS = 8
+VIEW_OPS = frozenset({"Reshape", "Identity"})
+
+
+@dataclass
+class Binding:
+    program: list[Op]
+    feeds: list[tuple[str, Region, Any]]
+    outputs: list[tuple[str, Region, Any, tuple[int, ...]]]
+    state: Any
+    n_new: int
+    keep: list[Any] = field(default_factory=list)
+
+
+class WebGpuExecutable:
+    """A graph compiled for the WebGPU backend (see the module doc)."""
+
+    def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: GpuDevice, *,
+                 lowerings: Mapping[str, Any], max_tokens: int = 512, kv_state: bool = True,
+                 streamed: Collection[str] = ()) -> None:
+        self.graph = graph
+        self.infos = infos
+        self.dev = dev
+        self.lowerings = lowerings
+        self.max_tokens = max(int(max_tokens), 1)
+        self._source = weights
+        tmap = graph.tensor_map
+        self.weight_names = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
+        self.streamed = {t.name for t in graph.tensors if t.is_weight and weight_key(t) in set(streamed)}
+        self._plain: dict[str, Region] = {}
+        self._packed: dict[str, GpuWeight] = {}
+        self._acquired: set[str] = set()
+        self._staging: list[Any] = []
+        self._staging_bytes = 0
+        self.weight_bytes = 0
+        self._tmap = tmap
+        from uaii.backends.webgpu.kv import find_kv
+
+        self.kv = find_kv(graph, infos) if kv_state else None
+        stateful = self.kv.values if self.kv is not None else frozenset()
+        self.input_names = tuple(n for n in graph.inputs if n not in stateful)
+        self.output_names = tuple(n for n in graph.outputs if n not in stateful)
+        self._bindings: dict[Any, Binding] = {}
+        self._arena: Any = None
+        self._arena_bytes = 0
+        self.closed = False
+
+    # --- weights -------------------------------------------------------------------------------------------
+    def is_weight(self, name: str) -> bool:
+        return name in self.weight_names
+
+    def _host(self, name: str) -> np.ndarray:
+        t = self._tmap[name]
+        if t.is_constant:
+            assert t.data is not None
+            raw = np.frombuffer(t.data, np.uint8)
+            return raw if t.dtype.is_quantized else raw.view(t.dtype.numpy)
+        ref = weight_key(t)
+        self._acquired.add(ref)
+        return np.asarray(self._source.acquire(ref))
+
+    def plain_weight(self, name: str) -> Region:
+        """A weight or constant as f32 (floats; block types dequantized on the host) or i32 (ints), whole."""
+        r = self._plain.get(name)
+        if r is None:
+            t = self._tmap[name]
+            data = self._host(name)
+            if t.dtype.is_quantized:
+                from uaii.kernels import dequantize
+
+                data = dequantize(np.ascontiguousarray(data).reshape(-1).view(np.uint8), t.dtype,
+                                  int(np.prod([int(d) for d in t.shape])))
+                arr = np.ascontiguousarray(data, np.float32).reshape(-1)
+            else:
+                arr = to_device(data, t.dtype)
+            r = self._upload(arr.view(np.uint8))
+            self._plain[name] = r
+        return r
+
+    def _upload(self, raw: np.ndarray) -> Region:
+        if raw.nbytes > self.dev.max_binding:
+            raise BackendError(f"[backend] webgpu: a weight of {raw.nbytes} bytes read whole exceeds the storage "
+                               f"binding limit {self.dev.max_binding}")
+        buf = self.dev.buffer(raw.nbytes)
+        self.dev.queue.write_buffer(buf, 0, _padded(raw))
+        self.weight_bytes += buf.size
+        return Region(buf, 0, raw.nbytes)
+
+    def packed_weight(self, name: str, node: str) -> tuple[GpuWeight, list[Upload]]:
+        """The weight in its stored encoding, sharded by rows; for a streamed weight also the upload ops."""
+        t = self._tmap[name]
+        shape = tuple(int(d) for d in t.shape)
+        w = self._packed.get(name)
+        if name in self.streamed:
+            if w is None:
+                w = self._packed[name] = self._staged(name, shape)
+            return w, [Upload(node, weight_key(t), s.region, lambda name=name, s=s, w=w: self._rows(name, w, s))
+                       for s in w.shards]
+        if w is None:
+            raw = self._host(name)
+            flat = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+            need = t.dtype.nbytes(int(np.prod(shape, dtype=np.int64)))
+            if flat.size != need:
+                raise BackendError(f"[backend] webgpu: weight {name!r}: {flat.size} bytes, a {t.dtype.value} tensor "
+                                   f"of shape {list(shape)} needs {need}")
+            shards = []
+            for start, stop in self._row_splits(t.dtype, shape):
+                lo, hi = self._byte_range(t.dtype, shape, start, stop)
+                shards.append(Shard(start, stop, self._upload(flat[lo:hi])))
+            w = self._packed[name] = GpuWeight(name, t.dtype, shape, tuple(shards))
+        return w, []
+
+    def _row_splits(self, dtype: Any, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+        rows = shape[0] if shape else 1
+        row_bytes = max(1, dtype.nbytes(int(np.prod(shape[1:], dtype=np.int64)))) if len(shape) > 1 else \
+            dtype.nbytes(1) if not dtype.is_quantized else dtype.nbytes(int(np.prod(shape)))
+        if len(shape) <= 1:
+            return [(0, rows)]
+        per = max(1, self.dev.max_binding // row_bytes)
+        return [(s, min(rows, s + per)) for s in range(0, rows, per)]
+
+    @staticmethod
+    def _byte_range(dtype: Any, shape: tuple[int, ...], start: int, stop: int) -> tuple[int, int]:
+        if len(shape) <= 1:
+            return 0, dtype.nbytes(int(np.prod(shape, dtype=np.int64)))
+        row = dtype.nbytes(int(np.prod(shape[1:], dtype=np.int64)))
+        return start * row, stop * row
+
+    def _staged(self, name: str, shape: tuple[int, ...]) -> GpuWeight:
+        """Staging regions for a streamed weight: one buffer per shard position, shared by every streamed weight
+        (a later upload overwrites them only after the work that read them was submitted)."""
+        t = self._tmap[name]
+        shards = []
+        for i, (start, stop) in enumerate(self._row_splits(t.dtype, shape)):
+            lo, hi = self._byte_range(t.dtype, shape, start, stop)
+            while len(self._staging) <= i:
+                self._staging.append(None)
+            buf = self._staging[i]
+            if buf is None or buf.size < hi - lo:
+                buf = self._staging[i] = self.dev.buffer(max(hi - lo, self.dev.max_binding if i else hi - lo))
+            shards.append(Shard(start, stop, Region(buf, 0, hi - lo)))
+        self._staging_bytes = sum(b.size for b in self._staging if b is not None)
+        return GpuWeight(name, t.dtype, shape, tuple(shards), streamed=True)
+
+    def _rows(self, name: str, w: GpuWeight, s: Shard) -> np.ndarray:
+        t = self._tmap[name]
+        ref = weight_key(t)
+        data = np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8)
+        lo, hi = self._byte_range(t.dtype, w.shape, s.start, s.stop)
+        out = data[lo:hi].copy() if s.stop != w.rows or s.start else data
+        self._source.release(ref)
+        return out
+
+    # --- binding -------------------------------------------------------------------------------------------
+    def feed_types(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, VType]:
+        tmap = self.graph.tensor_map
+        types = {n: VType(tmap[n].dtype, tuple(int(d) for d in shapes[n])) for n in self.input_names}
+        if self.kv is not None:
+            types.update(self.kv.past_types(tmap))
+        return types
+
+    def _bind(self, shapes: Mapping[str, tuple[int, ...]], state: Any) -> Binding:
+        types = infer_types(self.graph, self.infos, self.feed_types(shapes))
+        regions = self._layout(types)
+        ctx = Lower(self, regions, types, state)
+        n_new = 0
+        for info in self.infos:
+            node = info.node
+            ctx.node = node.name
+            if node.op in VIEW_OPS and node.outputs[0] in regions and node.inputs[0] in regions \
+                    and regions[node.outputs[0]] == regions[node.inputs[0]]:
+                continue
+            if self.kv is not None and node.name in self.kv.layer:
+                n_new = types[node.inputs[0]].shape[0]
+            lower = self.lowerings.get(node.op)
+            if lower is None:
+                raise BackendError(f"[backend] webgpu: no lowering for op {node.op!r} (node {node.name!r})")
+            lower(ctx, info)
+        feeds = [(n, regions[n], self.graph.tensor(n).dtype) for n in self.input_names]
+        outputs = [(n, ctx.region(n), types[n].dtype, types[n].shape) for n in self.output_names]
+        return Binding(ctx.program, feeds, outputs, state, n_new, ctx.keep)
+
+    def _layout(self, types: dict[str, VType]) -> dict[str, Region]:
+        """Regions of every activation: first fit by liveness in one arena; views share their source's region."""
+        align = self.dev.offset_align
+        stateful = self.kv.values if self.kv is not None else frozenset()
+        root: dict[str, str] = {}
+        born: dict[str, int] = {}
+        last: dict[str, int] = {}
+        end = len(self.infos) + 1
+        for n in self.input_names:
+            root[n], born[n], last[n] = n, -1, -1
+        for i, info in enumerate(self.infos):
+            node = info.node
+            for x in node.inputs:
+                if x in root:
+                    last[root[x]] = max(last[root[x]], i)
+            for k, o in enumerate(node.outputs):
+                if not o or o in stateful:
+                    continue
+                src = node.inputs[0] if node.inputs else ""
+                if k == 0 and node.op in VIEW_OPS and src in root:
+                    root[o] = root[src]
+                else:
+                    root[o], born[o], last[o] = o, i, i
+        for o in self.output_names:
+            if o in root:
+                last[root[o]] = end
+        size = {r: max(4, device_nbytes(types[r].dtype, int(np.prod(types[r].shape, dtype=np.int64))))
+                for r in born}
+        offset: dict[str, int] = {}
+        placed: list[tuple[int, int, int, int]] = []  # (start, stop, born, last)
+        for r in sorted(born, key=lambda r: (born[r], -size[r])):
+            need = -(-size[r] // align) * align
+            at = 0
+            for s, e, b, la in sorted(placed):
+                if la < born[r] or last[r] < b:
+                    continue
+                if at + need <= s:
+                    break
+                at = max(at, e)
+            offset[r] = at
+            placed.append((at, at + need, born[r], last[r]))
+        total = max((e for _, e, _, _ in placed), default=16)
+        if total > self._arena_bytes:
+            self._arena = self.dev.buffer(total)
+            self._arena_bytes = total
+            self._bindings.clear()  # earlier bindings point into the old arena
+        return {v: Region(self._arena, offset[r], size[r]) for v, r in root.items() if r in offset}
+
+    # --- running -------------------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray], state: Any = None) -> dict[str, np.ndarray]:
+        """Run once: write the feeds, submit the program, read the outputs back."""
+        if self.closed:
+            raise BackendError("[backend] the executable is closed")
+        try:
+            key = tuple(np.shape(feeds[n]) for n in self.input_names)
+        except KeyError as exc:
+            raise BackendError(f"[backend] missing input {exc.args[0]!r}; the graph takes "
+                               f"{', '.join(self.input_names)}") from None
+        if self.kv is not None and state is None:
+            raise BackendError("[backend] this graph keeps a KV cache: pass a state from new_state()")
+        binding = self._bindings.get(key)
+        if binding is None or binding.state is not state:
+            if len(self._bindings) >= MAX_BINDINGS:
+                self._bindings.pop(next(iter(self._bindings)))
+            binding = self._bind(dict(zip(self.input_names, key, strict=True)), state)
+            self._bindings[key] = binding
+        q = self.dev.queue
+        for name, region, dtype in binding.feeds:
+            q.write_buffer(region.buffer, region.offset, _padded(to_device(np.asarray(feeds[name]), dtype).view(np.uint8)))
+        if state is not None and binding.n_new:
+            state.prepare(binding.n_new)
+        self._execute(binding.program)
+        out = {}
+        for name, region, dtype, shape in binding.outputs:
+            raw = q.read_buffer(region.buffer, region.offset, -(-region.nbytes // 4) * 4)
+            out[name] = from_device(raw, dtype, shape)
+        if state is not None and binding.n_new:
+            state.advance(binding.n_new)
+        return out
+
+    def _execute(self, program: list[Op]) -> None:
+        q = self.dev.queue
+        enc = self.dev.device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        pending = False
+        for op in program:
+            if isinstance(op, Upload):
+                if pending:
+                    cpass.end()
+                    q.submit([enc.finish()])
+                    enc = self.dev.device.create_command_encoder()
+                    cpass = enc.begin_compute_pass()
+                    pending = False
+                q.write_buffer(op.region.buffer, op.region.offset, _padded(np.asarray(op.fetch()).view(np.uint8)))
+                continue
+            assert isinstance(op, Dispatch)
+            if op.refresh is not None:
+                q.write_buffer(op.params, 0, pack_params(op.refresh()))
+            cpass.set_pipeline(op.pipeline)
+            cpass.set_bind_group(0, op.bind_group)
+            cpass.dispatch_workgroups(*op.groups)
+            pending = True
+        cpass.end()
+        q.submit([enc.finish()])
+
+    def new_state(self, capacity: int, **options: Any) -> Any:
+        """A KV cache resident in device buffers (see kv.py)."""
+        if self.kv is None:
+            raise BackendError(f"[backend] graph {self.graph.name!r} keeps no KV cache")
+        from uaii.backends.webgpu.kv import GpuKVState
+
+        return GpuKVState(self.dev, self.kv.dims, capacity, **options)
+
+    def steps_for(self, shapes: Mapping[str, tuple[int, ...]], state: Any = None) -> int:
+        """How many dispatches and uploads a run with these feed shapes executes."""
+        key = tuple(tuple(shapes[n]) for n in self.input_names)
+        if key not in self._bindings:
+            self._bindings[key] = self._bind({n: tuple(shapes[n]) for n in self.input_names}, state)
+        return len(self._bindings[key].program)
+
+    def close(self) -> None:
+        self._bindings.clear()
+        for ref in self._acquired:
+            with contextlib.suppress(Exception):  # best effort: the store may already be closed
+                self._source.release(ref)
+        self._acquired.clear()
+        self._plain.clear()
+        self._packed.clear()
+        self._staging.clear()
+        self._arena = None
+        self.closed = True
+
+
+def _padded(raw: np.ndarray) -> np.ndarray:
+    """``raw`` (bytes) padded to a multiple of 4, as write_buffer requires."""
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    pad = -raw.size % 4
+    return raw if not pad else np.concatenate([raw, np.zeros(pad, np.uint8)])
+
+
+__all__ = ["Binding", "WebGpuExecutable"]

@@ -1,0 +1,137 @@
+"""The context a lowering sees while binding one node for one set of feed shapes (see program.py for the kernel
+conventions). A lowering is ``def lower(ctx: Lower, info: NodeInfo) -> None`` that calls :meth:`Lower.dispatch`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from uaii.backends.analysis import NodeInfo, VType
+from uaii.backends.base import BackendError
+from uaii.backends.webgpu.program import Dispatch, Op, ParamsFn, Region, Scalar, pack_params, split_groups
+from uaii.ir import DType
+
+if TYPE_CHECKING:
+    from uaii.backends.webgpu.device import GpuDevice
+    from uaii.backends.webgpu.executable import WebGpuExecutable
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows ``[start, stop)`` (along axis 0) of a weight, in one region no larger than a storage binding."""
+
+    start: int
+    stop: int
+    region: Region
+
+
+@dataclass(frozen=True)
+class GpuWeight:
+    """A weight on the device in its stored encoding (block-quantized bytes, f16/bf16 words, f32), split by rows
+    into shards that each fit one binding. ``streamed``: its shards are staging regions refilled before use."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    shards: tuple[Shard, ...]
+    streamed: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def row_bytes(self) -> int:
+        cols = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        return self.dtype.nbytes(cols)
+
+
+class Lower:
+    """Binding context for one shape key: the regions of every value, the program being built, the KV state."""
+
+    def __init__(self, exe: WebGpuExecutable, regions: dict[str, Region], types: dict[str, VType],
+                 state: Any) -> None:
+        self.exe = exe
+        self.dev: GpuDevice = exe.dev
+        self.regions = regions
+        self.types = types
+        self.state = state
+        self.program: list[Op] = []
+        self.keep: list[Any] = []
+        self.node = ""
+
+    # --- values --------------------------------------------------------------------------------------------
+    def region(self, name: str) -> Region:
+        """The region of an activation, or of a weight/constant as f32 (floats) / i32 (ints), read whole."""
+        r = self.regions.get(name)
+        if r is not None:
+            return r
+        if self.exe.is_weight(name):
+            return self.exe.plain_weight(name)
+        raise BackendError(f"[backend] webgpu: node {self.node!r} reads {name!r}, which has no device region")
+
+    def is_weight(self, name: str) -> bool:
+        return self.exe.is_weight(name)
+
+    def dtype(self, name: str) -> DType:
+        return self.types[name].dtype
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.types[name].shape
+
+    def count(self, name: str) -> int:
+        return int(np.prod(self.types[name].shape, dtype=np.int64))
+
+    def packed(self, name: str) -> GpuWeight:
+        """A weight in its stored encoding, sharded by rows; a streamed weight is uploaded right before the node."""
+        w, uploads = self.exe.packed_weight(name, self.node)
+        self.program.extend(uploads)
+        return w
+
+    def const(self, info: NodeInfo, slot: int) -> np.ndarray | None:
+        """A constant input's value on the host (shape inputs, axes), or None when the input is not a constant."""
+        return info.consts.get(slot)
+
+    def scratch(self, nbytes: int) -> Region:
+        """A device region private to this binding (temporaries of multi-pass kernels)."""
+        buf = self.dev.buffer(max(int(nbytes), 16))
+        self.keep.append(buf)
+        return Region(buf, 0, max(int(nbytes), 4))
+
+    # --- kernels -------------------------------------------------------------------------------------------
+    def groups(self, n: int) -> tuple[int, int, int]:
+        return split_groups(n, self.dev.max_workgroups)
+
+    def dispatch(self, source: str, regions: Sequence[Region], params: Sequence[Scalar] | ParamsFn,
+                 groups: int | tuple[int, int, int], entry: str = "main") -> None:
+        """Record one dispatch of ``source`` over ``regions`` (bindings 1..n) with uniform ``params`` (binding 0); a
+        callable ``params`` is evaluated before every run."""
+        if len(regions) > self.dev.max_storage_buffers:
+            raise BackendError(f"[backend] webgpu: node {self.node!r} binds {len(regions)} storage buffers, the "
+                               f"adapter allows {self.dev.max_storage_buffers}")
+        for r in regions:
+            if r.nbytes > self.dev.max_binding:
+                raise BackendError(f"[backend] webgpu: node {self.node!r} binds {r.nbytes} bytes in one buffer, "
+                                   f"more than the adapter's storage binding limit {self.dev.max_binding}")
+        pipeline = self.dev.pipeline(source, entry)
+        refresh: Callable[[], Sequence[Scalar]] | None = params if callable(params) else None
+        first = refresh() if refresh is not None else params
+        ubuf = self.dev.buffer(len(pack_params(first)), storage=False, uniform=True)
+        self.dev.queue.write_buffer(ubuf, 0, pack_params(first))
+        entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
+        entries += [r.binding(i + 1) for i, r in enumerate(regions)]
+        try:
+            group = self.dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        except Exception as exc:
+            raise BackendError(f"[backend] webgpu: node {self.node!r}: binding {len(regions)} regions failed: "
+                               f"{exc}") from exc
+        g = self.groups(groups) if isinstance(groups, int) else groups
+        self.program.append(Dispatch(self.node, pipeline, group, g, ubuf, refresh))
+
+
+Lowering = Callable[[Lower, NodeInfo], None]
+
+__all__ = ["GpuWeight", "Lower", "Lowering", "Shard"]
