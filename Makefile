@@ -20,9 +20,10 @@ DEMO_UV := UV_PROJECT_ENVIRONMENT=$(DEMO_VENV) $(UV)
 PACKAGES := ir runtime kernels backends loaders tokenizers planner storage capi
 PYTEST_FLAGS ?= -q
 
-.PHONY: help uv setup demo-env demo capi test lint typecheck pytest isolation-ir gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage bench-kv bench-accuracy clean \
-        $(addprefix test-,$(PACKAGES))
+# test-<pkg> and isolation-<pkg> are pattern rules, so they are not listed: make never looks for an implicit rule
+# for a .PHONY target (`make test-ir` did nothing while they were). No file of those names exists.
+.PHONY: help uv setup demo-env demo capi test lint typecheck pytest isolation gen gen-check wheels bench bench-kernels \
+        bench-generate bench-storage bench-kv bench-accuracy bench-gpu clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -50,11 +51,12 @@ demo: demo-env ## SmolLM2-135M answers a question on the CPU, streaming, then it
 capi: setup ## build libuaii and the C examples/tests (native/build/; run them with `make test-capi`)
 	$(MAKE) -C native PYTHON='$(PY)'
 
-test: setup lint gen-check pytest isolation-ir ## everything CI checks: lint, types, generated code, all tests, uaii-ir alone
+test: setup lint gen-check pytest isolation ## everything CI checks: lint, types, generated code, all tests, each package alone
 
-lint: setup ## ruff + mypy over every package
-	$(UV) run --no-sync ruff check packages tests bench
+lint: setup ## ruff + mypy over every package, and the import graph against pyproject (scripts/check_deps.py)
+	$(UV) run --no-sync ruff check packages tests bench scripts
 	$(UV) run --no-sync mypy
+	$(PY) scripts/check_deps.py
 
 pytest: setup ## pytest over all packages (fails when no test ran)
 	$(PY) -m pytest $(PYTEST_FLAGS) tests
@@ -62,10 +64,17 @@ pytest: setup ## pytest over all packages (fails when no test ran)
 test-%: setup ## tests of one package, e.g. make test-ir
 	$(PY) -m pytest $(PYTEST_FLAGS) tests/$*
 
-isolation-ir: $(UV_DEP) ## uaii-ir's tests in a venv holding uaii-ir alone (no sibling installed)
-	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) sync --package uaii-ir --no-default-groups --group test-ir
-	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) run --no-sync python scripts/check_isolated.py uaii-ir
-	UV_PROJECT_ENVIRONMENT=.venv-ir $(UV) run --no-sync python -m pytest $(PYTEST_FLAGS) -p no:cacheprovider tests/ir
+isolation: $(addprefix isolation-,$(PACKAGES)) ## every package's tests, each in a venv holding that package and its declared dependencies only
+
+# .venv-iso-<pkg>: uaii-<pkg> + what its pyproject declares (transitively) + the root's test-<pkg> group, nothing
+# else; check_isolated.py compares the installed uaii-* with that set. uv's cache makes the venvs cheap to sync.
+# The `slow` tests (real models against transformers, valgrind, wheel builds; the two real-model ones alone took 3 of
+# tests/runtime's 4.5 minutes) prove nothing more about what a package needs; they run once, in `make pytest`.
+ISOLATION_PYTEST_FLAGS ?= $(PYTEST_FLAGS) -m "not slow"
+isolation-%: $(UV_DEP) ## tests/<pkg> in .venv-iso-<pkg> (that package and its declared dependencies), e.g. make isolation-ir
+	UV_PROJECT_ENVIRONMENT=.venv-iso-$* $(UV) sync --package uaii-$* --no-default-groups --group test-$*
+	UV_PROJECT_ENVIRONMENT=.venv-iso-$* $(UV) run --no-sync python scripts/check_isolated.py uaii-$*
+	UV_PROJECT_ENVIRONMENT=.venv-iso-$* $(UV) run --no-sync python -m pytest $(ISOLATION_PYTEST_FLAGS) -p no:cacheprovider tests/$*
 
 gen: setup ## regenerate generated code (FlatBuffers Python from schemas/uaii_ir.fbs)
 	$(PY) scripts/gen.py
@@ -94,7 +103,10 @@ bench-kv: setup ## KV window perplexity: absolute vs StreamingLLM cache position
 bench-accuracy: setup ## KL of the default GEMM from the exact one vs llama.cpp's, prefill and decode (builds llama-cpp-python once)
 	$(PY) bench/bench_accuracy.py $(ACCURACY_ARGS)
 
+bench-gpu: setup ## WebGPU on whatever adapter exists: GEMV GB/s per type vs its copy bandwidth, tok/s vs the CPU (GPU_ARGS=--quick)
+	$(PY) bench/bench_gpu.py $(GPU_ARGS)
+
 bench: bench-kernels bench-generate ## all benchmarks
 
 clean: ## remove build outputs and the venvs
-	rm -rf dist build .venv .venv-ir $(DEMO_VENV) .venv-wheels $(UV_TOOLS)
+	rm -rf dist build .venv .venv-ir .venv-iso-* $(DEMO_VENV) .venv-wheels $(UV_TOOLS)

@@ -32,7 +32,7 @@ import numpy as np
 
 import uaii.kernels as K
 from uaii.ir.dtype import DType
-from uaii.kernels import _native
+from uaii.kernels import native
 from uaii.kernels.accuracy import gemm_accuracy
 from uaii.kernels.testing import random_weight
 
@@ -124,8 +124,8 @@ def stream_copy(nbytes: int, min_time: float) -> float:
     """GB/s of a parallel memcpy over arrays far larger than the caches, counting bytes read + written."""
     src = np.ones(nbytes, np.uint8)
     dst = np.zeros_like(src)
-    ps, pd = _native.ptr(src), _native.ptr(dst)
-    t = best_time(lambda: _native.lib.uk_copy(pd, ps, nbytes), min_time)
+    ps, pd = native.ptr(src), native.ptr(dst)
+    t = best_time(lambda: native.lib.uk_copy(pd, ps, nbytes), min_time)
     return 2 * nbytes / t / 1e9
 
 
@@ -145,7 +145,7 @@ def cycler(ws: list[K.PackedWeight], x: np.ndarray, out: np.ndarray) -> Callable
     """One GEMV per call on the next weight copy, through ``uk_gemm`` with its arguments bound once, as the CPU
     backend calls it (uaii.backends.cpu.ops_fast): the kernel's time plus a cffi call (~0.4 us), not the ~2 us of
     argument checks of the Python IGemm wrapper, which the runtime does not pay per token."""
-    ffi, lib = _native.ffi, _native.lib
+    ffi, lib = native.ffi, native.lib
     x2 = np.ascontiguousarray(x, np.float32).reshape(1, -1)
     xp, yp = ffi.cast("float *", ffi.from_buffer(x2)), ffi.cast("float *", ffi.from_buffer(out))
     calls = [partial(lib.uk_gemm, w.dtype.gguf_id, w.pointer(), w.n, w.k, xp, 1, w.k, yp, w.n, 0) for w in ws]

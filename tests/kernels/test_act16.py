@@ -148,7 +148,7 @@ def test_q8_0_extreme_weights_do_not_overflow(rng: np.random.Generator) -> None:
 
 def test_unknown_gemm_mode_is_an_argument_error() -> None:
     """uk_gemm has modes 0, 1 and 2; any other is refused (UK_E_ARG), even for an empty product."""
-    from uaii.kernels._native import f32, lib
+    from uaii.kernels.native import f32, lib
 
     raw = random_weight(DType.Q8_0, 4, 64, seed=1)
     w = K.PackedWeight.from_raw(raw, DType.Q8_0, (4, 64))

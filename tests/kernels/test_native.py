@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 import uaii.kernels as K
 from uaii.ir.dtype import DType
-from uaii.kernels import _native
+from uaii.kernels import native
 from uaii.kernels.testing import random_weight
 
 
@@ -30,16 +31,29 @@ def test_force_isa_and_restore() -> None:
     assert K.get_isa() == best
     with pytest.raises(K.KernelError, match="unknown ISA"):
         K.set_isa("sse9")
-    missing = [i for i in _native.ISAS if i not in K.available_isas()]
+    missing = [i for i in native.ISAS if i not in K.available_isas()]
     if missing:
         with pytest.raises(K.KernelError, match="not available"):
             K.set_isa(missing[0])
 
 
+def test_native_is_public_and_its_lib_is_exactly_the_header_cdef() -> None:
+    """uaii.kernels.native is the public module backends bind kernels from (it was the private _native); its
+    contract is the cdef of csrc/uaii_kernels.h: every function declared there is in ``lib``, and nothing else."""
+    header = (Path(__file__).resolve().parents[2] / "packages" / "uaii-kernels" / "csrc" / "uaii_kernels.h").read_text()
+    cdef = header[header.index("/* CDEF BEGIN */"):header.index("/* CDEF END */")]
+    declared = set(re.findall(r"\b(uk_\w+)\s*\(", cdef))
+    functions = {n for n in dir(native.lib) if callable(getattr(native.lib, n))}
+    assert declared and functions == declared
+    assert native.ffi.typeof(native.lib.uk_gemm).result.cname == "int"
+    doc = native.__doc__ or ""
+    assert all(word in doc for word in ("``ffi``", "``lib``", "CDEF", "Stability", "Threads", "GIL"))
+
+
 def test_block_sizes_match_the_ir_table() -> None:
     for dt in K.DEQUANT_TYPES:
-        assert _native.lib.uk_type_block_elems(dt.gguf_id) == dt.block_size, dt
-        assert _native.lib.uk_type_block_bytes(dt.gguf_id) == dt.type_size, dt
+        assert native.lib.uk_type_block_elems(dt.gguf_id) == dt.block_size, dt
+        assert native.lib.uk_type_block_bytes(dt.gguf_id) == dt.type_size, dt
 
 
 def _gemm_case(seed: int = 0) -> tuple[K.PackedWeight, np.ndarray, np.ndarray]:
@@ -64,11 +78,11 @@ def test_pool_threads_are_created_once() -> None:
     w, x, _ = _gemm_case()
     with K.num_threads(3):
         K.matmul(x, w)
-        started = _native.lib.uk_pool_workers_started()
+        started = native.lib.uk_pool_workers_started()
         for _ in range(50):
             K.matmul(x, w)
             K.matmul(x[:1], w)
-        assert _native.lib.uk_pool_workers_started() == started
+        assert native.lib.uk_pool_workers_started() == started
 
 
 def test_concurrent_python_threads() -> None:
@@ -93,9 +107,9 @@ def test_concurrent_python_threads() -> None:
 
 def test_status_codes_become_errors() -> None:
     with pytest.raises(K.KernelError, match="invalid arguments"):
-        _native.check(-2, "op")
+        native.check(-2, "op")
     with pytest.raises(K.KernelError, match="unsupported type"):
-        _native.check(-1, "op")
+        native.check(-1, "op")
 
 
 CSRC = Path(__file__).resolve().parents[2] / "packages" / "uaii-kernels" / "csrc"

@@ -293,10 +293,10 @@ def test_a_long_validation_failure_is_capped(tiny: Path, capsys: pytest.CaptureF
 # --------------------------------------------------------------------------------------------------- threads
 def test_too_many_threads_are_capped_to_the_usable_cores(tiny: Path) -> None:
     """n_threads=1000, UAII_NUM_THREADS=1000 and --threads 1000 all run on the usable cores, with a warning."""
-    probe = ("import os, sys; from uaii.runtime import Session; from uaii.kernels import get_num_threads, _native\n"
+    probe = ("import os, sys; from uaii.runtime import Session; from uaii.kernels import get_num_threads, native\n"
              "kw = {'n_threads': int(sys.argv[2])} if sys.argv[2] != '-' else {}\n"
              "with Session(sys.argv[1], plan_cache=False, **kw) as s: s.generate('hello', max_new_tokens=4)\n"
-             "print(get_num_threads(), _native.lib.uk_pool_workers_started(), len(os.listdir('/proc/self/task')))")
+             "print(get_num_threads(), native.lib.uk_pool_workers_started(), len(os.listdir('/proc/self/task')))")
     env = {k: v for k, v in os.environ.items() if k != "UAII_NUM_THREADS"}
     for n, extra in (("1000", {}), ("-", {"UAII_NUM_THREADS": "1000"})):
         p = subprocess.run([sys.executable, "-c", probe, str(tiny), n], capture_output=True, text=True,

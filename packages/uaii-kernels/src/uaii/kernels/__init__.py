@@ -5,17 +5,6 @@ thread pool; see packages/uaii-kernels/README.md and docs/kernels.md.
 
 from importlib.metadata import version as _version
 
-from uaii.kernels._native import (
-    KernelError,
-    available_isas,
-    best_isa,
-    get_isa,
-    get_num_threads,
-    num_threads,
-    set_isa,
-    set_num_threads,
-    use_isa,
-)
 from uaii.kernels.gemm import (
     FAST_TYPES,
     IGemm,
@@ -25,6 +14,17 @@ from uaii.kernels.gemm import (
     get_gemm,
     matmul,
     register_gemm_provider,
+)
+from uaii.kernels.native import (
+    KernelError,
+    available_isas,
+    best_isa,
+    get_isa,
+    get_num_threads,
+    num_threads,
+    set_isa,
+    set_num_threads,
+    use_isa,
 )
 from uaii.kernels.ops import (
     add,

@@ -27,7 +27,7 @@ import numpy as np
 
 from uaii.ir.dtype import DType
 from uaii.ir.errors import UnsupportedDType
-from uaii.kernels._native import KernelError, check, f32, lib, ptr, view_ptr
+from uaii.kernels.native import KernelError, check, f32, lib, ptr, view_ptr
 from uaii.kernels.quant import DEQUANT_TYPES, as_bytes, dequantize
 
 FAST_TYPES: frozenset[DType] = DEQUANT_TYPES

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from uaii.kernels._native import KernelError, check, f32, ffi, lib, view_ptr
+from uaii.kernels.native import KernelError, check, f32, ffi, lib, view_ptr
 
 ACT = {"silu": 0, "gelu": 1, "gelu_erf": 1, "gelu_tanh": 2}
 

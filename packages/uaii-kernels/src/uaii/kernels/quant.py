@@ -13,7 +13,7 @@ import numpy as np
 
 from uaii.ir.dtype import DType
 from uaii.ir.errors import UnsupportedDType
-from uaii.kernels._native import KernelError, check, f32, ffi, lib, ptr
+from uaii.kernels.native import KernelError, check, f32, ffi, lib, ptr
 
 DEQUANT_TYPES: frozenset[DType] = frozenset({
     DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q2_K,

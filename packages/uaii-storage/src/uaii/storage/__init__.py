@@ -4,11 +4,15 @@ A loader produces a *location index* (reference string → :class:`WeightLocatio
 references through it. ``open_store(index)`` maps files (no budget); ``open_store(index, staging_bytes=...)``
 streams weights with pread (O_DIRECT where possible) through a fixed staging pool on C I/O threads.
 See docs/storage.md.
+
+``AlignedBuffer``, ``PAGE`` (the alignment of every buffer the I/O engine reads into) and ``round_up`` are exported
+here for the backends that stage weights themselves: other packages import them from ``uaii.storage``, never from
+its private modules.
 """
 
 from importlib.metadata import version as _version
 
-from uaii.storage._native import AlignedBuffer, drop_page_cache, resident_bytes
+from uaii.storage._native import PAGE, AlignedBuffer, drop_page_cache, resident_bytes, round_up
 from uaii.storage.errors import NativeUnavailable, StagingError, StorageError
 from uaii.storage.expert_cache import ExpertCache, default_layer_of
 from uaii.storage.location import (
@@ -18,6 +22,7 @@ from uaii.storage.location import (
     expert_location,
     locate_raw_file,
     lookup,
+    parse_rows_ref,
     row_range,
     rows_ref,
 )
@@ -30,9 +35,32 @@ from uaii.storage.telemetry import StorageTelemetry
 
 __version__ = _version("uaii-storage")
 __all__ = [
-    "AlignedBuffer", "ExpertCache", "ExtentAllocator", "LocationIndex", "MmapStore", "NativeUnavailable",
-    "PinnedSet", "StagingError", "StagingPool", "StorageError", "StorageTelemetry", "StreamingStore",
-    "WeightLocation", "WeightStore", "__version__", "as_location", "default_layer_of", "drop_page_cache",
-    "expert_location", "locate_raw_file", "lookup", "open_store", "resident_bytes",
-    "row_range", "rows_ref",
+    "PAGE",
+    "AlignedBuffer",
+    "ExpertCache",
+    "ExtentAllocator",
+    "LocationIndex",
+    "MmapStore",
+    "NativeUnavailable",
+    "PinnedSet",
+    "StagingError",
+    "StagingPool",
+    "StorageError",
+    "StorageTelemetry",
+    "StreamingStore",
+    "WeightLocation",
+    "WeightStore",
+    "__version__",
+    "as_location",
+    "default_layer_of",
+    "drop_page_cache",
+    "expert_location",
+    "locate_raw_file",
+    "lookup",
+    "open_store",
+    "parse_rows_ref",
+    "resident_bytes",
+    "round_up",
+    "row_range",
+    "rows_ref",
 ]

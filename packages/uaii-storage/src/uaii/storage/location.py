@@ -102,6 +102,17 @@ def rows_ref(ref: str | WeightRef, start: int, stop: int) -> str:
     return f"{ref}{ROWS}{start}:{stop}"
 
 
+def parse_rows_ref(key: str) -> tuple[str, int, int] | None:
+    """``(ref, A, B)`` of a ``ref@rows=A:B`` reference, or None when ``key`` is not one."""
+    if ROWS not in key:
+        return None
+    base, _, span = key.rpartition(ROWS)
+    a, _, b = span.partition(":")
+    if a.isdigit() and b.isdigit():
+        return base, int(a), int(b)
+    return None
+
+
 def row_range(loc: WeightLocation, start: int, stop: int) -> WeightLocation:
     """Rows [start, stop) of a tensor: contiguous bytes, also for block types (a row is whole blocks)."""
     if not loc.shape or not 0 <= start < stop <= loc.shape[0]:
@@ -119,11 +130,9 @@ def lookup(index: LocationIndex, ref: str | WeightRef) -> WeightLocation:
     entry = _get(index, key)
     if entry is not None:
         return as_location(entry)
-    if ROWS in key:
-        base, _, span = key.rpartition(ROWS)
-        a, _, b = span.partition(":")
-        if a.isdigit() and b.isdigit():
-            return row_range(lookup(index, base), int(a), int(b))
+    rows = parse_rows_ref(key)
+    if rows is not None:
+        return row_range(lookup(index, rows[0]), rows[1], rows[2])
     try:
         wr = ref if isinstance(ref, WeightRef) else WeightRef.parse(key)
     except UaiiError as exc:

@@ -1,5 +1,7 @@
 """The planner on the real models of shared/MODELS.md, as the loaders compile them: fusion finds every layer's
-patterns, the fused graph validates, the arena reuses memory and the storage plan holds its budget."""
+patterns, the fused graph validates, the arena reuses memory and the storage plan holds its budget.
+
+Moved from tests/planner: uaii-planner does not depend on uaii-loaders; uaii-runtime depends on both."""
 
 from __future__ import annotations
 
@@ -7,10 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from uaii import loaders
 from uaii.planner import PlannerOptions, memory_report, overlapping_slots, plan, summarize
 
-loaders = pytest.importorskip("uaii.loaders")
 MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own plan cache folder: the first plan of a model is a miss, the real ~/.cache untouched."""
+    root = tmp_path / "uaii-cache"
+    monkeypatch.setenv("UAII_CACHE_DIR", str(root))
+    return root
 
 
 def test_smollm2_plan(smollm2_path: Path) -> None:

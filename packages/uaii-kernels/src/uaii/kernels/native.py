@@ -1,6 +1,23 @@
-"""The compiled C library (cffi, API mode): loading, status codes, pointers, instruction sets and threads.
+"""uaii.kernels.native — the compiled C library of uaii-kernels, public for backends that bind kernels themselves.
 
-Every call into ``lib`` releases the GIL (cffi does so for API-mode calls) and never calls back into Python.
+``ffi`` and ``lib`` are the cffi (API / out-of-line mode) objects of the extension ``uaii.kernels._uaii_kernels``:
+``lib.uk_*`` are the C functions, ``ffi`` casts and wraps buffers for them (``ptr``, ``f32`` and ``view_ptr``
+below do it without copying). The Python functions of ``uaii.kernels`` check arguments and then call ``lib``;
+a backend's hot loop (uaii.backends' CPU backend) binds ``lib`` functions with ``functools.partial`` once at
+compile time and calls them directly, with no Python check per step. That is why this module is public.
+
+Stability: the contract is the C declarations between the ``CDEF`` markers of ``csrc/uaii_kernels.h`` (the cdef,
+read verbatim by build_kernels.py), together with the helpers defined here. A declared function keeps its name,
+signature and meaning within a minor version of uaii-kernels; a change adds a function (``uk_x_v2``) or an enum
+value, never reuses a status or mode number. ``lib`` holds exactly the cdef's declarations (cffi API mode), so
+nothing internal to the C library can be reached through it.
+
+Threads: every call into ``lib`` releases the GIL (cffi API mode) and never calls back into Python, so any thread
+may call any kernel. The kernels that run on the persistent pool (GEMM, attention, the row operators) take one
+process-wide call lock, which also guards the pool's scratch buffers: calls from several threads are correct but
+run one after another. ``uk_set_isa`` (``set_isa``) must not run while kernels run in other threads;
+``uk_set_num_threads`` may (it waits for the call lock). Output buffers are the caller's: two concurrent calls must
+not write the same one.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ vocabulary became a `StringTable` they added ~130 MiB (tokenizer ~105 MiB, metad
 Each case runs in a new interpreter: the imports come first (they are not the vocabulary), the peak is reset
 (``/proc/self/clear_refs``, where the kernel allows) and the growth is the peak after loading minus the RSS before,
 so transients count.
+
+It lives with uaii-loaders' tests: the ``session`` case reads the GGUF with uaii.loaders (as the runtime does), and
+uaii-tokenizers does not depend on uaii-loaders (`make isolation-tokenizers` has no uaii.loaders to import).
 """
 
 from __future__ import annotations
