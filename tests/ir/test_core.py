@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -164,8 +165,8 @@ def test_tensor_constant_and_checks() -> None:
 def _plan() -> ExecutionPlan:
     return ExecutionPlan(
         key="ab" * 32, graph_name="llama",
-        steps=(Step("matmul_q4_k", "blk.0.q", ("x", "m.gguf#blk.0.attn_q.weight"), ("q",),
-                    attributes=(("transpose_b", True), ("dims", (1, 2)))),),
+        steps=(Step("MatMul/1/q4_k", "blk.0.q", ("x", "m.gguf#blk.0.attn_q.weight"), ("q",),
+                    attributes=(("transpose_b", True), ("dims", (1, 2))), op="MatMul", version=1),),
         arena=ArenaLayout(4096, 64, 16, (BufferSlot("x", 0, 2048, "f32", 0, 1),
                                          BufferSlot("q", 2048, 2048, "f32", 0, 3))),
         storage=StoragePlan(1 << 20, (WeightPlacement("m.gguf#blk.0.attn_q.weight", 1000, "blk.0", "streamed"),
@@ -188,6 +189,46 @@ def test_plan_roundtrip_is_canonical() -> None:
 def test_plan_corrupt_raises_format_error(text: str) -> None:
     with pytest.raises(FormatError, match=r"\[plan\]"):
         ExecutionPlan.from_json(text, path="cache/plan.json")
+
+
+_NAMES = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=12)
+_ATTRS = st.lists(st.tuples(_NAMES, st.one_of(st.integers(-2**40, 2**40), st.booleans(), _NAMES,
+                                               st.lists(st.integers(0, 9), max_size=3).map(tuple))),
+                  max_size=3, unique_by=lambda kv: kv[0]).map(tuple)
+
+
+@given(steps=st.lists(st.builds(lambda op, version, node, ins, outs, attrs: Step(
+    f"{op}/{version}/f32", node, ins, outs, attributes=attrs, op=op, version=version),
+    _NAMES, st.integers(1, 1 << 31), _NAMES, st.lists(_NAMES, max_size=3).map(tuple),
+    st.lists(_NAMES, min_size=1, max_size=2).map(tuple), _ATTRS), max_size=4))
+def test_plan_steps_keep_op_and_version_through_json(steps: list[Step]) -> None:
+    """Op names may hold '/' (a plugin's vendor/Op): they travel as their own field, never parsed from kernel."""
+    p = ExecutionPlan(key="cd" * 32, graph_name="g", steps=tuple(steps), arena=ArenaLayout(0, 64, 1))
+    text = p.to_json()
+    back = ExecutionPlan.from_json(text)
+    assert back == p and back.to_json() == text
+    assert [(s.op, s.version) for s in back.steps] == [(s.op, s.version) for s in steps]
+
+
+def test_a_format_1_plan_or_a_step_without_op_is_a_format_error() -> None:
+    """Plan format 2 added Step.op/version; a format-1 plan (a cache entry written before) does not load."""
+    d = _plan().to_dict()
+    for s in d["steps"]:
+        del s["op"], s["version"]
+    with pytest.raises(FormatError, match="format version 1, expected 2"):
+        ExecutionPlan.from_json(_json({**d, "format_version": 1}))
+    with pytest.raises(FormatError, match="KeyError: 'op'"):
+        ExecutionPlan.from_json(_json(d))
+    bad = _plan().to_dict()
+    bad["steps"][0]["version"] = 0
+    with pytest.raises(FormatError, match="version 0; expected an int >= 1"):
+        ExecutionPlan.from_json(_json(bad))
+    with pytest.raises(TypeError, match="op"):
+        Step("MatMul/1/f32", "n", (), ())  # type: ignore[call-arg]
+
+
+def _json(d: object) -> str:
+    return json.dumps(d)
 
 
 def test_topological_order_is_stable_and_leaves_cycles_out() -> None:

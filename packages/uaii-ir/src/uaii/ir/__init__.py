@@ -30,7 +30,7 @@ from uaii.ir.graph import (
     attr,
     make_graph,
 )
-from uaii.ir.ops import Cost, InferCtx, InferError, Op, OpKind, OpSchema, Param, TensorType
+from uaii.ir.ops import Cost, InferCtx, InferError, Op, OpKind, OpSchema, Param, TensorType, WeightAccess, WeightInput
 from uaii.ir.registry import PluginError, Registry, UnknownOpError, get_schema, register, render_markdown
 from uaii.ir.serialize import dumps_json, from_bytes, load, loads_json, save, to_bytes
 from uaii.ir.validator import Diagnostic, ValidationError, check, validate
@@ -47,6 +47,6 @@ __all__ = [
 __all__ += ["dumps_json", "from_bytes", "load", "loads_json", "save", "to_bytes"]  # serialization
 __all__ += [  # op registry and validator
     "Cost", "Diagnostic", "InferCtx", "InferError", "Op", "OpKind", "OpSchema", "Param", "PluginError",
-    "Registry", "TensorType", "UnknownOpError", "ValidationError", "check", "get_schema", "register",
-    "render_markdown", "validate",
+    "Registry", "TensorType", "UnknownOpError", "ValidationError", "WeightAccess", "WeightInput", "check",
+    "get_schema", "register", "render_markdown", "validate",
 ]

@@ -5,6 +5,11 @@ backends walk it, the disk cache stores it — and they must agree without depen
 plain data: ordered steps bound to arena slots, the arena layout, and the storage plan (which weights stay
 pinned, which stream, in what order, through how much staging memory). ``to_json``/``from_json`` are canonical
 (same plan, same bytes) so a cached plan can be compared and hashed.
+
+A step names the op and version it runs (``op``, ``version``): a backend rebuilds the node of a step from them and
+never parses the display string ``kernel`` (``op/version/dtype``), which an op name containing ``/`` would make
+ambiguous. Plan format 2 added them; a format-1 plan does not load (``from_dict`` raises, the planner's cache
+treats it as a miss and plans again).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from uaii.ir.errors import FormatError
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,9 @@ class ArenaLayout:
 
 @dataclass(frozen=True)
 class Step:
-    """One kernel invocation. Inputs/outputs name graph values (arena slots, weights or constants)."""
+    """One kernel invocation: node ``node`` running ``op`` version ``version`` with its resolved ``attributes``.
+    Inputs/outputs name graph values (arena slots, weights or constants). ``kernel`` is for people (logs, ``uaii
+    plan``): nothing reads it back."""
 
     kernel: str
     node: str
@@ -57,6 +64,14 @@ class Step:
     outputs: tuple[str, ...]
     device: str = "cpu"
     attributes: tuple[tuple[str, Any], ...] = ()
+    op: str = field(kw_only=True)
+    version: int = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not self.op:
+            raise ValueError(f"step {self.node!r} names no op")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
+            raise ValueError(f"step {self.node!r} ({self.op}) has version {self.version!r}; expected an int >= 1")
 
 
 @dataclass(frozen=True)
@@ -141,7 +156,8 @@ class ExecutionPlan:
             graph_name=_str(d["graph_name"]),
             steps=tuple(Step(kernel=_str(s["kernel"]), node=_str(s["node"]), inputs=_strs(s["inputs"]),
                              outputs=_strs(s["outputs"]), device=_str(s["device"]),
-                             attributes=tuple((_str(k), _freeze(v)) for k, v in s["attributes"]))
+                             attributes=tuple((_str(k), _freeze(v)) for k, v in s["attributes"]),
+                             op=_str(s["op"]), version=_int(s["version"]))
                         for s in d["steps"]),
             arena=ArenaLayout(size=_int(arena["size"]), alignment=_int(arena["alignment"]),
                               max_tokens=_int(arena["max_tokens"]),

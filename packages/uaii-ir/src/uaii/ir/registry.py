@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from uaii.ir.errors import UaiiError
-from uaii.ir.ops.schema import AttrSpec, OpSchema, Param, fmt_types
+from uaii.ir.ops.schema import AttrSpec, OpSchema, Param, WeightAccess, fmt_types
 
 ENTRY_POINT_GROUP = "uaii.ops"
 BUILTIN_PROVIDER = "uaii.ir.ops:register"
@@ -301,6 +301,10 @@ def _section(s: OpSchema) -> list[str]:
         lines += [_attr_row(a) for a in s.attrs] + [""]
     if s.type_map:
         lines += ["**Types**: " + "; ".join(f"{k} ∈ {fmt_types(v)}" for k, v in s.type_map.items()), ""]
+    if s.weight_access:
+        lines += ["**Weight access** (a weight in any other input is read whole): " + "; ".join(
+            f"{s.inputs[slot].name}: {rule.value if isinstance(rule, WeightAccess) else rule}"
+            for slot, rule in s.access_map.items()), ""]
     return lines
 
 

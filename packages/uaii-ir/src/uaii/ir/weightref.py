@@ -6,6 +6,10 @@ Three forms, all plain strings in files:
 * ``path#tensor#e=N`` — expert N (outermost dimension) of a packed expert bank inside a container;
 * ``path`` — a raw little-endian file holding exactly that tensor (as the C++ runtime writes them).
 
+``#e=N`` names experts only. Rows of a tensor (an embedding row, a chunk of an lm_head) are not a reference form
+of the IR: a reader asks the storage layer for them as ``ref@rows=A:B`` (``uaii.storage.rows_ref``), whatever the
+reference's form, raw files included.
+
 Relative paths resolve against the model directory. A sandbox root, when given, confines resolution: absolute
 paths, ``..`` components and symlinks that lead out are rejected rather than silently followed.
 """

@@ -12,8 +12,9 @@ and arena values that ``plan()`` has already derived for the call (:mod:`uaii.pl
 - **key**: the plan's key and graph name are the ones asked for.
 - **steps**: every step reads a graph input, a weight, a constant or the output of an earlier step; each value is
   written once; every graph output is written. Then the steps are exactly those the planner makes for the fused
-  graph (fusion, execution order and step making are deterministic), attributes included — so a backend is handed
-  nothing a fresh plan would not give it.
+  graph (fusion, execution order and step making are deterministic): each step's node, then the op and version the
+  backend will run (the fused graph's node of that name has them), then kernel, values, device and attributes — so
+  a backend is handed nothing a fresh plan would not give it.
 - **arena**: one slot per arena value with the size, dtype and lifetime that liveness gives, aligned, inside the
   arena; slots live at the same step share no bytes (:func:`uaii.planner.memory.overlapping_slots`).
 - **storage**: the weights the steps read, each once, in first-use order, with their sizes and groups; modes the
@@ -101,18 +102,21 @@ def _holder(value: str, graph: Graph, producer: dict[str, int], steps: Sequence[
 
 
 def _steps(got: Sequence[Step], want: Sequence[Step]) -> Iterator[str]:
-    """The first step that differs from the planner's, field by field."""
+    """The first step that differs from the planner's, field by field (what runs first: node, op, version)."""
     for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if g == w:
             continue
-        for f in fields(Step):
-            a, b = getattr(g, f.name), getattr(w, f.name)
+        for name in _STEP_FIELDS:
+            a, b = getattr(g, name), getattr(w, name)
             if a != b:
-                yield f"step {i} ({w.node!r}) has {f.name} {a!r}, the planner makes {b!r}"
+                yield f"step {i} ({w.node!r}) has {name} {a!r}, the planner makes {b!r}"
                 return
     if len(got) != len(want):
         nxt = want[len(got)].node if len(got) < len(want) else got[len(want)].node
         yield f"it has {len(got)} steps, the planner makes {len(want)} (first unmatched: {nxt!r})"
+
+
+_STEP_FIELDS = ("node", "op", "version", *(f.name for f in fields(Step) if f.name not in ("node", "op", "version")))
 
 
 # --- arena --------------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Plan steps: one kernel invocation per node of the (fused) graph, in execution order, with its device.
 
-The kernel id is ``op/version/dtype``, where dtype is the weight dtype of the node (``MatMul/1/q4_k``; several
-weight dtypes, as MoE banks may have, are joined with ``+``) or, for nodes without weights, the dtype of the first
-input (``Add/1/f32``). Step attributes are the node's attributes with the schema's defaults filled in, so a backend
-needs no schema to run a step.
+A step carries the node's op and version: what a backend runs (``uaii.backends.plan_graph`` rebuilds the node from
+them). The kernel id beside them is for display only, never parsed: ``op/version/dtype``, where dtype is the weight
+dtype of the node (``MatMul/1/q4_k``; several weight dtypes, as MoE banks may have, are joined with ``+``) or, for
+nodes without weights, the dtype of the first input (``Add/1/f32``). Step attributes are the node's attributes with
+the schema's defaults filled in, so a backend needs no schema to run a step.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def make_steps(graph: Graph, order: Sequence[Node], device: str = "cpu",
             attrs = tuple(sorted(values.items()))
         else:
             attrs = tuple((k, a.value) for k, a in node.attributes)
-        steps.append(Step(kernel_id(graph, node), node.name, node.inputs, node.outputs, device, attrs))
+        steps.append(Step(kernel_id(graph, node), node.name, node.inputs, node.outputs, device, attrs,
+                          op=node.op, version=node.version))
     return tuple(steps)
 
 

@@ -19,12 +19,14 @@ nothing: the runtime reads the routed top_k experts straight into the expert cac
 ``expert_cache_bytes`` but at least one expert of every bank of a MoE step (:func:`expert_cache_need`; 0 when every
 bank is pinned). The plan's ``expert_cache_bytes`` is that figure.
 
-Two uses stage less than the whole tensor: an Embedding lookup reads only its rows (``pread`` of each row, outside
-the staging pool: it stages nothing), and a ``MatMul`` whose [N, K] weight is used transposed (a linear layer such
-as the lm_head) is *row-chunkable*: the executor streams it in chunks of whole rows that fit one staging buffer.
-In ``"tensor"`` mode a row-chunkable tensor therefore never sizes the staging buffers beyond the largest
-unchunkable step (or :data:`CHUNK_MIN` when nothing else streams), so a large tied table can stream instead of
-being pinned.
+What a step stages and reads per token follows from how its op reads each weight, which the op's schema declares
+(:class:`uaii.ir.ops.WeightAccess`, :meth:`~uaii.ir.ops.OpSchema.weight_inputs`); no op name or input slot is
+special here. ``WHOLE`` stages the tensor. ``EXPERTS`` stages nothing (above) and reads ``top_k`` experts per token.
+``ROWS`` (an Embedding or Gather table) reads only its rows (``pread`` of each row, outside the staging pool: it
+stages nothing). ``ROW_CHUNKS`` (a MatMul weight stored [N, K], such as the lm_head) is *row-chunkable*: the
+executor streams it in chunks of whole rows that fit one staging buffer. In ``"tensor"`` mode a row-chunkable
+tensor therefore never sizes the staging buffers beyond the largest unchunkable step (or :data:`CHUNK_MIN` when
+nothing else streams), so a large tied table can stream instead of being pinned.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 
 from uaii.ir.dtype import tensor_nbytes
 from uaii.ir.graph import Graph, Node, Tensor
-from uaii.ir.ops.schema import OpKind
+from uaii.ir.ops.access import WeightAccess, WeightInput
 from uaii.ir.plan import ArenaLayout, ExecutionPlan, StoragePlan, WeightPlacement
 from uaii.ir.registry import Registry, default_registry
 from uaii.planner.errors import BudgetError, PlannerError
@@ -107,38 +109,36 @@ class WeightUse:
     expert: int = 0  # an expert bank read by experts into the expert cache: cache bytes of one of its experts
 
 
-def _use_bytes(node: Node, kind: OpKind | None, t: Tensor, nbytes: int) -> tuple[int, int]:
-    """(bytes staged at once, bytes read per token) for ``t`` read by ``node``. An expert bank of a MoE step stages
-    nothing: its top_k experts are read straight into the expert cache (see :func:`expert_cache_need`)."""
-    if kind is OpKind.MOE and node.get("n_experts") and node.get("top_k"):
-        n, k = int(node.get("n_experts")), int(node.get("top_k"))
-        one = nbytes // max(n, 1)
-        return 0, k * one
-    if kind is OpKind.INDEX and t.shape and isinstance(t.shape[0], int) and t.shape[0] > 0:
-        return (0 if node.op == "Embedding" else nbytes), nbytes // t.shape[0]  # a lookup reads one row per token
+def _use_bytes(access: WeightAccess, t: Tensor, nbytes: int, top_k: int) -> tuple[int, int]:
+    """(bytes staged at once, bytes read per token) for ``t`` read with ``access``. An expert bank stages nothing:
+    the ``top_k`` experts of its axis 0 are read straight into the expert cache (see :func:`expert_cache_need`); a
+    table read by rows stages nothing either and reads one row per token."""
+    rows = int(t.shape[0]) if t.shape else 0
+    if access is WeightAccess.EXPERTS and rows:
+        return 0, min(top_k, rows) * (nbytes // rows)
+    if access is WeightAccess.ROWS and rows:
+        return 0, nbytes // rows
     return nbytes, nbytes
 
 
-def _row_chunkable(node: Node, kind: OpKind | None, t: Tensor) -> bool:
-    """Whether ``node`` can read ``t`` in chunks of rows: an Embedding (rows by id) or a MatMul over [N, K]."""
-    if len(t.shape) != 2:
-        return False
-    if kind is OpKind.INDEX:
-        return node.op == "Embedding"
-    return node.op == "MatMul" and bool(node.get("transpose_b", False))
+def _row_chunkable(access: WeightAccess, t: Tensor) -> bool:
+    """Whether the use can read the 2-D ``t`` in chunks of whole rows (by id, or chunks of output features)."""
+    return len(t.shape) == 2 and access in (WeightAccess.ROWS, WeightAccess.ROW_CHUNKS)
 
 
 def weight_uses(graph: Graph, order: Sequence[Node], registry: Registry | None = None) -> dict[str, WeightUse]:
     """Every weight reference read by ``order``, in order of first use."""
     reg = registry if registry is not None else default_registry()
     uses: dict[str, WeightUse] = {}
+    tmap = graph.tensor_map
+    weights = {t.name for t in graph.tensors if t.is_weight}
     for step, node in enumerate(order):
         schema = reg.find(node.op, node.version)
-        kind = schema.kind if schema is not None else None
-        for v in node.inputs:
-            t = graph.tensor_map.get(v) if v else None
-            if t is None or not t.is_weight:
-                continue
+        reads = (schema.weight_inputs(node, weights) if schema is not None
+                 else [WeightInput(i, v, WeightAccess.WHOLE) for i, v in enumerate(node.inputs) if v in weights])
+        top_k = int(node.get("top_k") or 1)  # read only for EXPERTS, whose ops declare top_k (uaii.ir.ops.access)
+        for _, v, access in reads:
+            t = tmap[v]
             if any(isinstance(d, str) for d in t.shape):
                 raise PlannerError(f"weight {t.name!r} has a symbolic shape {list(t.shape)}; weights need static "
                                    "shapes to be planned")
@@ -147,13 +147,13 @@ def weight_uses(graph: Graph, order: Sequence[Node], registry: Registry | None =
             fresh = ref not in uses
             u = uses.setdefault(ref, WeightUse(ref, nbytes, group_of(t), step, t.weight is not None,
                                                vector=len(t.shape) <= 1))
-            chunkable = _row_chunkable(node, kind, t)
+            chunkable = _row_chunkable(access, t)
             if fresh or u.chunk_row:
                 u.chunk_row = tensor_nbytes(t.dtype, t.shape[1:]) if chunkable else 0
-            staged, per_token = _use_bytes(node, kind, t, nbytes)
-            if kind is OpKind.MOE and node.get("n_experts"):
+            staged, per_token = _use_bytes(access, t, nbytes, top_k)
+            if access is WeightAccess.EXPERTS and t.shape:
                 # a read window of one expert may straddle a page more, and the runtime allows one page beyond it
-                u.expert = page_round(nbytes // max(int(node.get("n_experts")), 1)) + 2 * PAGE
+                u.expert = page_round(nbytes // max(int(t.shape[0]), 1)) + 2 * PAGE
             u.staged[step] = max(u.staged.get(step, 0), staged)
             u.per_token += per_token
     return uses

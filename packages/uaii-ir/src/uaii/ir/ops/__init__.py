@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from uaii.ir.ops import attention, elementwise, fused, index, linalg, moe, movement, norm, reduce
+from uaii.ir.ops.access import AccessIf, WeightAccess, WeightInput
 from uaii.ir.ops.opset import (
     ATTENTION,
     BINARY,
@@ -67,6 +68,7 @@ __all__ = [
     "ANY_TYPE", "ATTENTION", "BINARY", "BUILTIN_SCHEMAS", "CPP_RUNTIME_OPS", "ELEMENTWISE", "FLOATS", "FUSED_SCHEMAS",
     "GLU",
     "GROUPS", "INDEX", "INDEX_TYPES", "LINALG", "MOE", "MOVEMENT", "NORM", "NUMERIC", "REDUCE", "UNARY",
-    "WEIGHT_TYPES", "AttrSpec", "Cost", "InferCtx", "InferError", "Op", "OpKind", "OpSchema", "Param",
-    "TensorType", "bool_attr", "float_attr", "int_attr", "ints_attr", "register", "str_attr",
+    "WEIGHT_TYPES", "AccessIf", "AttrSpec", "Cost", "InferCtx", "InferError", "Op", "OpKind", "OpSchema", "Param",
+    "TensorType", "WeightAccess", "WeightInput", "bool_attr", "float_attr", "int_attr", "ints_attr", "register",
+    "str_attr",
 ]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from uaii.ir.dtype import FLOAT_TYPES, PLAIN_TYPES, DType
 from uaii.ir.errors import UaiiError
+from uaii.ir.ops.access import WeightAccess
 from uaii.ir.ops.opset import Op
 from uaii.ir.ops.schema import (
     ANY_TYPE,
@@ -73,7 +74,7 @@ CAST = OpSchema(
     attrs=(str_attr("to", None, "target dtype name (f32, f16, i64, ...; aliases such as float32 accepted)",
                     required=True, check=_dtype_name),),
     types={"T1": ANY_TYPE, "T2": PLAIN_TYPES}, infer=same_shape, dtypes=_cast_dtype, kind=OpKind.UNARY,
-    elementwise=True, fusible=True, cost=Cost.LOW)
+    elementwise=True, fusible=True, cost=Cost.LOW, weight_access={0: WeightAccess.WHOLE})
 
 
 def broadcast(ctx: InferCtx) -> Sequence[Shape | None]:

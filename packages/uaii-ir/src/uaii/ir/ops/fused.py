@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from uaii.ir.dtype import FLOAT_TYPES
+from uaii.ir.ops.access import WeightAccess
 from uaii.ir.ops.linalg import matmul_shape
 from uaii.ir.ops.norm import EPS_DOC, rmsnorm_shape
 from uaii.ir.ops.schema import (
@@ -59,7 +60,10 @@ GROUPED_MATMUL = OpSchema(
     outputs=(Param("Y", "T", "one output [..., M, N_i] per weight, in weight order", variadic=True,
                    min_count=2),),
     attrs=(bool_attr("transpose_b", False, "every B_i is stored [..., N_i, K]"),),
-    types={"T": FLOATS, "W": WEIGHT_TYPES}, infer=grouped_matmul_shape, kind=OpKind.LINALG, cost=Cost.HIGH)
+    types={"T": FLOATS, "W": WEIGHT_TYPES}, infer=grouped_matmul_shape, kind=OpKind.LINALG, cost=Cost.HIGH,
+    weight_access={1: WeightAccess.WHOLE})
+# The weights are read whole and together: one pass over the input for all of them is what the fusion is for, so a
+# step holds every B_i at once (the planner sizes staging for their sum).
 
 
 def add_rmsnorm_shape(ctx: InferCtx) -> Sequence[Shape | None]:

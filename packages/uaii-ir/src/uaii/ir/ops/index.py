@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from uaii.ir.dtype import DType
+from uaii.ir.ops.access import AccessIf, WeightAccess
 from uaii.ir.ops.opset import Op
 from uaii.ir.ops.schema import (
     ANY_TYPE,
@@ -39,7 +40,8 @@ EMBEDDING = OpSchema(
     inputs=(Param("indices", "I", "token ids, any shape"), Param("table", "W", "[vocab, dim]")),
     outputs=(Param("Y", "T", "[*indices.shape, dim]"),),
     types={"I": INDEX_TYPES | frozenset({DType.F32}), "W": WEIGHT_TYPES, "T": FLOATS},
-    infer=embedding_shape, dtypes=embedding_dtype, kind=OpKind.INDEX, cost=Cost.MEDIUM)
+    infer=embedding_shape, dtypes=embedding_dtype, kind=OpKind.INDEX, cost=Cost.MEDIUM,
+    weight_access={1: WeightAccess.ROWS})
 
 
 def gather_shape(ctx: InferCtx) -> Sequence[Shape | None]:
@@ -59,6 +61,7 @@ GATHER = OpSchema(
     inputs=(Param("data", "T", "input"), Param("indices", "I", "indices, negative counts from the end")),
     outputs=(Param("Y", "T", "gathered values"),),
     attrs=(int_attr("axis", 0, "the indexed axis; negative counts from the end"),),
-    types={"T": ANY_TYPE, "I": INDEX_TYPES}, infer=gather_shape, kind=OpKind.INDEX, cost=Cost.MEDIUM)
+    types={"T": ANY_TYPE, "I": INDEX_TYPES}, infer=gather_shape, kind=OpKind.INDEX, cost=Cost.MEDIUM,
+    weight_access={0: AccessIf("axis", 0, WeightAccess.ROWS)})
 
 SCHEMAS = (EMBEDDING, GATHER)

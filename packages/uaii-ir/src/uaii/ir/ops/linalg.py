@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from uaii.ir.dtype import Dim
+from uaii.ir.ops.access import AccessIf, WeightAccess
 from uaii.ir.ops.opset import Op
 from uaii.ir.ops.schema import (
     FLOATS,
@@ -44,6 +45,10 @@ _MATMUL_DOC = (
     "quantized B is normally stored [N, K] with transpose_b=true (the GGUF layout).")
 
 
+B_ROW_CHUNKS = AccessIf("transpose_b", True, WeightAccess.ROW_CHUNKS)
+"""B stored [N, K] holds one output feature per row, so it can stream in chunks of rows; stored [K, N] it cannot."""
+
+
 def _matmul(op: str, extra: str, fusible: bool) -> OpSchema:
     return OpSchema(
         op, 1, _MATMUL_DOC + extra,
@@ -52,7 +57,7 @@ def _matmul(op: str, extra: str, fusible: bool) -> OpSchema:
         outputs=(Param("Y", "T", "[..., M, N]"),),
         attrs=(bool_attr("transpose_b", False, "B is stored [..., N, K]"),),
         types={"T": FLOATS, "W": WEIGHT_TYPES}, infer=matmul_shape, kind=OpKind.LINALG, fusible=fusible,
-        cost=Cost.HIGH)
+        cost=Cost.HIGH, weight_access={1: B_ROW_CHUNKS})
 
 
 MATMUL = _matmul(Op.MATMUL, "", True)
@@ -86,6 +91,8 @@ GEMM = OpSchema(
            bool_attr("transA", False, "A is stored [K, M]"),
            bool_attr("transB", False, "B is stored [N, K]")),
     types={"T": FLOATS, "W": WEIGHT_TYPES}, infer=gemm_shape, kind=OpKind.LINALG, fusible=True,
-    cost=Cost.HIGH)
+    cost=Cost.HIGH, weight_access={1: WeightAccess.WHOLE})
+# B is read whole: alpha, beta and C apply to the whole product, and no backend streams a Gemm by rows yet (an ONNX
+# linear layer that should stream is a MatMul with transpose_b).
 
 SCHEMAS = (MATMUL, MATMUL_RELU, GEMM)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from uaii.ir.dtype import FLOAT_TYPES, DType
+from uaii.ir.ops.access import WeightAccess
 from uaii.ir.ops.opset import Op
 from uaii.ir.ops.schema import (
     FLOATS,
@@ -97,7 +98,7 @@ def _experts(op: str, activations: tuple[str, ...], note: str) -> OpSchema:
                str_attr("activation", "silu", "gate activation: silu (SwiGLU) or gelu (GeGLU)",
                         choices=activations)),
         types={"T": FLOATS, "F": FLOAT_TYPES, "I": INDEX_TYPES}, infer=experts_shape,
-        kind=OpKind.MOE, cost=Cost.HIGH)
+        kind=OpKind.MOE, cost=Cost.HIGH, weight_access=dict.fromkeys((3, 4, 5), WeightAccess.EXPERTS))
 
 
 MOE_EXPERTS = _experts(Op.MOE_EXPERTS, ("silu", "gelu"), "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from uaii.ir.dtype import PLAIN_TYPES, Dim
+from uaii.ir.ops.access import WeightAccess
 from uaii.ir.ops.elementwise import same_shape
 from uaii.ir.ops.opset import Op
 from uaii.ir.ops.schema import (
@@ -20,10 +21,13 @@ from uaii.ir.ops.schema import (
 )
 from uaii.ir.shapes import Shape, ShapeError, dim_add, dim_div, fmt_shape, reshape_shape, unify
 
+WHOLE = {0: WeightAccess.WHOLE}
+"""A moved weight (a packed one included) is read whole: the backend holds it for the step."""
+
 IDENTITY = OpSchema(
     Op.IDENTITY, 1, "Y = X (any dtype, block-quantized included).",
     inputs=(Param("X", "T", "input"),), outputs=(Param("Y", "T", "X"),), types={"T": ANY_TYPE},
-    infer=same_shape, kind=OpKind.MOVEMENT, inplace=((0, 0),), cost=Cost.FREE)
+    infer=same_shape, kind=OpKind.MOVEMENT, inplace=((0, 0),), cost=Cost.FREE, weight_access=WHOLE)
 
 
 def reshape_out(ctx: InferCtx) -> Sequence[Shape | None]:
@@ -53,7 +57,7 @@ RESHAPE = OpSchema(
     outputs=(Param("Y", "T", "reshaped X"),),
     attrs=(ints_attr("shape", None, "target shape; 0 = copy, -1 = infer", min=-1),),
     types={"T": ANY_TYPE, "S": INDEX_TYPES}, infer=reshape_out, kind=OpKind.MOVEMENT, inplace=((0, 0),),
-    cost=Cost.FREE)
+    cost=Cost.FREE, weight_access=WHOLE)
 
 
 def transpose_out(ctx: InferCtx) -> Sequence[Shape | None]:
@@ -99,7 +103,7 @@ CONCAT = OpSchema(
     inputs=(Param("inputs", "T", "one or more tensors of one rank", variadic=True),),
     outputs=(Param("Y", "T", "sum of the sizes along axis"),),
     attrs=(int_attr("axis", None, "the joined axis; negative counts from the end", required=True),),
-    types={"T": ANY_TYPE}, infer=concat_out, kind=OpKind.MOVEMENT, cost=Cost.LOW)
+    types={"T": ANY_TYPE}, infer=concat_out, kind=OpKind.MOVEMENT, cost=Cost.LOW, weight_access=WHOLE)
 
 
 def split_out(ctx: InferCtx) -> Sequence[Shape | None]:
@@ -127,7 +131,7 @@ SPLIT = OpSchema(
     outputs=(Param("outputs", "T", "one or more parts", variadic=True),),
     attrs=(int_attr("axis", 0, "the split axis; negative counts from the end"),
            ints_attr("split", None, "size of each output; default equal parts", min=0)),
-    types={"T": ANY_TYPE}, infer=split_out, kind=OpKind.MOVEMENT, cost=Cost.LOW)
+    types={"T": ANY_TYPE}, infer=split_out, kind=OpKind.MOVEMENT, cost=Cost.LOW, weight_access=WHOLE)
 
 
 def _slice_dim(ctx: InferCtx, dim: Dim, start: int, end: int, step: int) -> Dim:
@@ -165,6 +169,6 @@ SLICE = OpSchema(
            ints_attr("ends", None, "end index (exclusive) per axis", required=True),
            ints_attr("axes", None, "sliced axes; default 0..len(starts)-1"),
            ints_attr("steps", None, "stride per axis, non-zero; default 1")),
-    types={"T": ANY_TYPE}, infer=slice_out, kind=OpKind.MOVEMENT, cost=Cost.LOW)
+    types={"T": ANY_TYPE}, infer=slice_out, kind=OpKind.MOVEMENT, cost=Cost.LOW, weight_access=WHOLE)
 
 SCHEMAS = (IDENTITY, RESHAPE, TRANSPOSE, CONCAT, SPLIT, SLICE)

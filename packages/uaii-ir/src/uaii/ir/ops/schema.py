@@ -4,14 +4,15 @@ One :class:`OpSchema` per (op, version), as in ONNX; old versions stay registere
 holds typed input/output parameters (optional, variadic), attribute specs with defaults and ranges, type
 constraints (type variables such as ``T`` bound to dtype sets: every parameter naming the same variable has
 the same dtype), a shape-inference function, and the properties the planner reads (kind, elementwise,
-fusible, in-place pairs, cost class) — data, never if-chains in passes.
+fusible, in-place pairs, cost class, how each weight input is read: :mod:`uaii.ir.ops.access`) — data, never
+if-chains in passes.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
@@ -20,6 +21,7 @@ import numpy as np
 from uaii.ir.dtype import FLOAT_TYPES, INTEGER_TYPES, QUANTIZED_TYPES, DType
 from uaii.ir.errors import UaiiError
 from uaii.ir.graph import Attribute, AttrType, AttrValue, Node
+from uaii.ir.ops.access import AccessIf, AccessRule, WeightAccess, WeightInput
 from uaii.ir.shapes import Shape, ShapeError, normalize_axis
 
 FLOATS = frozenset({DType.F32, DType.F16, DType.BF16})
@@ -189,11 +191,17 @@ class OpSchema:
     inplace: tuple[tuple[int, int], ...] = ()  # (input slot, output slot) pairs that may share one buffer
     cost: Cost = Cost.LOW
     domain: str = "uaii"
+    weight_access: Mapping[int, AccessRule] | tuple[tuple[int, AccessRule], ...] = ()
+    """Input slot → how the op reads a weight there (undeclared: WHOLE); a variadic last input's slot covers all
+    of its slots. The planner, the backends and the runtime read it through :meth:`weight_inputs`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", str(self.op))  # an Op member becomes its plain name
         pairs = self.types.items() if isinstance(self.types, Mapping) else self.types
         object.__setattr__(self, "types", tuple(sorted(pairs)))
+        access = self.weight_access.items() if isinstance(self.weight_access, Mapping) else self.weight_access
+        object.__setattr__(self, "weight_access",
+                           tuple(sorted(access, key=lambda kv: kv[0] if isinstance(kv[0], int) else -1)))
         where = f"schema {self.op!r} v{self.version}"
         if not self.op or not isinstance(self.version, int) or self.version < 1:
             raise UaiiError(f"[registry] {where}: needs an op name and a version >= 1")
@@ -206,6 +214,7 @@ class OpSchema:
             if a.default is not None and (a.coerce(Attribute(a.type, a.default)) is None
                                           or a.range_problem(a.default)):
                 raise UaiiError(f"[registry] {where}: default of attribute {a.name!r} is invalid")
+        _check_access(self, where)
 
     # --- lookups -------------------------------------------------------------------------------------------
     @property
@@ -215,6 +224,11 @@ class OpSchema:
     @property
     def type_map(self) -> dict[str, frozenset[DType]]:
         return dict(self.types)
+
+    @property
+    def access_map(self) -> dict[int, AccessRule]:
+        """The declared weight access per input slot (slot order)."""
+        return dict(self.weight_access)
 
     def attr_spec(self, name: str) -> AttrSpec | None:
         return next((a for a in self.attrs if a.name == name), None)
@@ -235,6 +249,25 @@ class OpSchema:
         if slot < len(params):
             return params[slot]
         return params[-1] if params and params[-1].variadic else None
+
+    # --- weight access -------------------------------------------------------------------------------------
+    def access(self, slot: int, attrs: Mapping[str, AttrValue] | None = None) -> WeightAccess:
+        """How input ``slot`` is read when it holds a weight, for a node with the resolved ``attrs``."""
+        variadic = bool(self.inputs) and self.inputs[-1].variadic
+        rule = self.access_map.get(min(slot, len(self.inputs) - 1) if variadic else slot)
+        if rule is None:
+            return WeightAccess.WHOLE
+        return rule if isinstance(rule, WeightAccess) else rule.resolve(attrs or {})
+
+    def weight_inputs(self, node: Node, weights: Container[str],
+                      attrs: Mapping[str, AttrValue] | None = None) -> list[WeightInput]:
+        """The inputs of ``node`` that are weights (their names are in ``weights``), in slot order, each with how
+        this op reads it. ``attrs``: the node's resolved attributes when the caller has them (else resolved here)."""
+        found = [(i, v) for i, v in enumerate(node.inputs) if v and v in weights]
+        if not found:
+            return []
+        values = attrs if attrs is not None else self.resolve_attrs(node)[0]
+        return [WeightInput(i, v, self.access(i, values)) for i, v in found]
 
     # --- node checks (used by the validator and by passes that build nodes) --------------------------------
     def check_arity(self, node: Node) -> list[str]:
@@ -313,6 +346,25 @@ def _check_params(params: Sequence[Param], types: Mapping[str, frozenset[DType]]
         if seen_optional and not p.optional and not p.variadic:
             raise UaiiError(f"[registry] {where}: required parameter {p.name!r} follows an optional one")
         seen_optional = seen_optional or p.optional
+
+
+def _check_access(schema: OpSchema, where: str) -> None:
+    """Weight-access declarations name existing input slots and attributes; EXPERTS needs a ``top_k`` to read."""
+    for slot, rule in schema.access_map.items():
+        if not isinstance(slot, int) or not 0 <= slot < len(schema.inputs):
+            raise UaiiError(f"[registry] {where}: weight access declared for input slot {slot!r}, which the schema "
+                            f"does not have ({len(schema.inputs)} inputs)")
+        if not isinstance(rule, (WeightAccess, AccessIf)):
+            raise UaiiError(f"[registry] {where}: weight access of input slot {slot} is {rule!r}; expected a "
+                            "WeightAccess or an AccessIf")
+        if isinstance(rule, AccessIf) and schema.attr_spec(rule.attr) is None:
+            raise UaiiError(f"[registry] {where}: weight access of input slot {slot} depends on attribute "
+                            f"{rule.attr!r}, which the schema does not declare")
+        options = (rule,) if isinstance(rule, WeightAccess) else (rule.then, rule.otherwise)
+        top_k = schema.attr_spec("top_k")
+        if WeightAccess.EXPERTS in options and (top_k is None or top_k.type is not AttrType.INT):
+            raise UaiiError(f"[registry] {where}: input slot {slot} is read by EXPERTS, which needs an int "
+                            "attribute 'top_k' (the experts read per token)")
 
 
 def fmt_types(types: frozenset[DType]) -> str:
@@ -394,6 +446,8 @@ __all__ = [
     "INDEX_TYPES",
     "NUMERIC",
     "WEIGHT_TYPES",
+    "AccessIf",
+    "AccessRule",
     "AttrSpec",
     "Cost",
     "DTypeFn",
@@ -405,6 +459,8 @@ __all__ = [
     "ShapeFn",
     "TensorType",
     "TypeSpec",
+    "WeightAccess",
+    "WeightInput",
     "bool_attr",
     "float_attr",
     "fmt_types",
