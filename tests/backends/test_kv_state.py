@@ -97,6 +97,6 @@ def test_resident_window_with_sinks_is_exact_for_a_windowed_model() -> None:
 def test_state_shapes_and_dtypes() -> None:
     st = KVState([(2, 8, 4), (1, 16, 16)], 64, dtype="f16")
     assert st.k[0].shape == (64, 2, 8) and st.v[1].shape == (64, 1, 16) and st.k[0].dtype == np.float16
-    assert st.nbytes() == 2 * 64 * (16 + 8 + 16 + 16) and st.resident_bytes() == 0
+    assert st.nbytes == 2 * 64 * (16 + 8 + 16 + 16) and st.resident_bytes() == 0
     with pytest.raises(KVCacheFull, match="f32 or f16"):
         KVState([(1, 8, 8)], 4, dtype="f64")

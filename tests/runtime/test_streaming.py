@@ -88,7 +88,7 @@ def test_f16_kv_cache_halves_the_kv_part_of_the_plan_with_the_same_tokens(smollm
         logits32 = s32.forward(s32.tokenize(PROMPT))
     with Session(smollm2_path, budget_bytes=budget, kv_dtype="f16", **SMALL) as s:
         assert s._kv.dtype == "f16" and s.plan.storage.kv_cache_bytes * 2 == kv32
-        assert s._kv.nbytes() == s.plan.storage.kv_cache_bytes
+        assert s._kv.nbytes == s.plan.storage.kv_cache_bytes
         logits16 = s.forward(s.tokenize(PROMPT))
         # rounding keys and values to half precision moves SmolLM2's logits by up to ~2 (of a ~30 spread): the
         # same top token, and the same greedy continuation below

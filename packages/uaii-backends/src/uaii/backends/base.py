@@ -51,11 +51,13 @@ class UnsupportedOpError(BackendError):
 @dataclass(frozen=True)
 class DeviceStatus:
     """What a probe found: ``available`` with the physical ``devices`` it enumerated, or the ``reason`` it
-    cannot run here."""
+    cannot run here. ``software``: the device is a software rasterizer (lavapipe, SwiftShader, WARP) that the
+    caller opted into; it runs when named (``device="webgpu"``), ``select_device("auto")`` never picks it."""
 
     available: bool
     reason: str = ""
     devices: list[str] = field(default_factory=list)
+    software: bool = False
 
     def __str__(self) -> str:
         if self.available:
@@ -63,15 +65,61 @@ class DeviceStatus:
         return "unavailable: " + self.reason
 
 
+STANDARD_COMPILE_OPTIONS = frozenset({"max_tokens", "kv_state", "memory_reuse"})
+"""Keyword options every backend's ``compile`` takes (ignoring what does not apply to it): the largest token batch
+(default: the plan's), whether cached Attention binds to a KV state, and arena reuse."""
+STREAMING_COMPILE_OPTIONS = frozenset({"streamed", "prefetch_order", "expert_cache", "chunk_bytes"})
+"""The options of a backend with :attr:`Capabilities.streams_weights`: the weight references it acquires around the
+steps that read them instead of binding them, the plan's prefetch order, the MoE expert cache, one staging buffer's
+bytes (a larger MatMul weight streams in row chunks)."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend runs: activation dtypes, weight dtypes (kept packed) and op names; ``unsupported`` maps
-    registered ops it deliberately does not run to the reason."""
+    """What a backend declares, so that a caller (the runtime Session) asks only for what it has, by these fields,
+    never by the backend's name or by probing its methods.
+
+    ``activation_dtypes``, ``weight_dtypes`` (kept packed) and ``ops``: what it runs; ``unsupported`` maps registered
+    ops it deliberately does not run to the reason. ``streams_weights``: ``compile`` takes the
+    :data:`STREAMING_COMPILE_OPTIONS`. ``kv_dtypes``: the ``new_state(dtype=)`` values it accepts (empty: it keeps
+    no KV state); ``kv_positions``: the ``new_state(positions=)`` values; ``kv_window``: ``new_state(window=,
+    sinks=)`` keeps a resident window. ``device_memory``: bytes of device memory its executables allocate from
+    (0: host RAM, which a Session's budget covers). ``threads``: ``set_threads(n)`` means something.
+    ``compile_options``: the keyword options ``compile`` understands beyond the standard and streaming ones (the
+    CPU's ``gemm``)."""
 
     activation_dtypes: frozenset[str] = frozenset()
     weight_dtypes: frozenset[str] = frozenset()
     ops: frozenset[str] = frozenset()
     unsupported: Mapping[str, str] = field(default_factory=dict)
+    streams_weights: bool = False
+    kv_dtypes: frozenset[str] = frozenset()
+    kv_positions: frozenset[str] = frozenset({"absolute"})
+    kv_window: bool = False
+    device_memory: int = 0
+    threads: bool = False
+    compile_options: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ExecutableMemory:
+    """What a compiled executable allocates, as it reports it (not what a plan estimated): ``arena_bytes`` of
+    activations, ``weight_bytes`` of weights it keeps resident (bound at compile time: mapped or pinned, expert
+    slices it acquired, and its own converted copies), ``staging_bytes`` it streams weights through (staging
+    buffers, row buffers, the expert cache), ``kv_bytes_per_token`` one token adds to an f32 KV state (f16: half;
+    a state's ``nbytes`` is what it holds). ``device``: ``"host"`` (RAM, a Session's budget) or ``"device"``
+    (the backend's :attr:`Capabilities.device_memory`)."""
+
+    arena_bytes: int = 0
+    weight_bytes: int = 0
+    staging_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    device: str = "host"
+
+    @property
+    def total(self) -> int:
+        """Arena, resident weights and staging (a KV state counts on its own: its ``nbytes``)."""
+        return self.arena_bytes + self.weight_bytes + self.staging_bytes
 
 
 @runtime_checkable
@@ -90,8 +138,9 @@ class ArrayWeights:
         self.arrays: dict[str, np.ndarray] = dict(arrays or {})
 
     def acquire(self, ref: str) -> np.ndarray:
+        key = str(ref)
         try:
-            return self.arrays[str(ref)]
+            return self.arrays[key]
         except KeyError:
             raise BackendError(f"[backend] no weight {str(ref)!r} among {len(self.arrays)} supplied "
                                "arrays") from None
@@ -107,18 +156,15 @@ def weight_key(t: Tensor) -> str:
 
 def plan_graph(graph: Graph, plan: ExecutionPlan) -> Graph:
     """The graph a plan's steps describe: one node per step, in step order (fused nodes included), over the
-    tensors of ``graph`` (fusion only removes values, so every value a step names is declared there)."""
+    tensors of ``graph`` (fusion only removes values, so every value a step names is declared there). Each node is
+    the step's ``op`` and ``version``; the display string ``kernel`` is never parsed."""
     from uaii.ir import attr
 
     names = {n.name for n in graph.nodes}
     if [s.node for s in plan.steps] == [n.name for n in graph.nodes]:
         return graph
-    nodes = []
-    for s in plan.steps:
-        op, _, rest = s.kernel.partition("/")
-        version = int(rest.split("/", 1)[0]) if rest else 1
-        nodes.append(Node(s.node, op, tuple(s.inputs), tuple(s.outputs),
-                          tuple((k, attr(v)) for k, v in s.attributes), version))
+    nodes = [Node(s.node, s.op, tuple(s.inputs), tuple(s.outputs), tuple((k, attr(v)) for k, v in s.attributes),
+                  s.version) for s in plan.steps]
     used = {v for n in nodes for v in (*n.inputs, *n.outputs) if v} | set(graph.inputs) | set(graph.outputs)
     tensors = tuple(t for t in graph.tensors if t.name in used)
     unknown = [v for v in used if v not in graph.tensor_map]
@@ -136,9 +182,19 @@ class KVStateLike(Protocol):
     @property
     def length(self) -> int: ...
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the state holds at capacity (keys and values of every slot)."""
+        ...
+
     def reset(self) -> None: ...
 
     def truncate(self, n: int) -> None: ...
+
+    def reserve(self, n: int) -> int:
+        """Make room for the next ``n`` tokens and return the rotary position of the first (a cache slot with
+        ``positions="cache"``, else ``length``): called only on backends whose ``kv_positions`` has "cache"."""
+        ...
 
 
 @runtime_checkable
@@ -152,7 +208,15 @@ class Executable(Protocol):
 
     def run(self, feeds: Mapping[str, np.ndarray], state: Any = None) -> dict[str, np.ndarray]: ...
 
-    def new_state(self, capacity: int) -> Any: ...
+    def new_state(self, capacity: int, *, window: int = 0, sinks: int = 4, dtype: str = "f32",
+                  positions: str = "absolute") -> KVStateLike:
+        """A KV state of ``capacity`` tokens; callers pass only what the backend's :class:`Capabilities` declare
+        (``dtype`` in ``kv_dtypes``, ``positions`` in ``kv_positions``, ``window``/``sinks`` with ``kv_window``)."""
+        ...
+
+    def memory(self) -> ExecutableMemory:
+        """What this executable allocates (see :class:`ExecutableMemory`)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -167,6 +231,8 @@ class Backend(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     def supports_op(self, node: Node) -> bool: ...
+
+    def set_threads(self, n: int | None) -> None: ...
 
     def alloc(self, nbytes: int) -> Any: ...
 
@@ -199,6 +265,13 @@ class BackendBase:
             return None
         return caps.unsupported.get(node.op, f"op {node.op!r} is not implemented by the {self.name} backend")
 
+    def set_threads(self, n: int | None) -> None:
+        """Threads of the backend's compute pool (None: its default). Only a backend that declares
+        ``capabilities.threads`` has one (and overrides this)."""
+        why = ("it declares threads but does not implement set_threads" if self.capabilities.threads
+               else "it declares no thread pool (capabilities.threads is False)")
+        raise BackendError(f"[backend] {self.name} cannot set {n} threads: {why}")
+
     def alloc(self, nbytes: int) -> Any:
         """A zero-initialized host buffer, 64-byte aligned."""
         raw = np.zeros(int(nbytes) + 64, dtype=np.uint8)
@@ -218,6 +291,8 @@ class BackendBase:
 
 
 __all__ = [
+    "STANDARD_COMPILE_OPTIONS",
+    "STREAMING_COMPILE_OPTIONS",
     "ArrayWeights",
     "Backend",
     "BackendBase",
@@ -226,6 +301,7 @@ __all__ = [
     "Capabilities",
     "DeviceStatus",
     "Executable",
+    "ExecutableMemory",
     "KVStateLike",
     "UnsupportedOpError",
     "WeightSource",

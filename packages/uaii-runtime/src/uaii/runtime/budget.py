@@ -3,28 +3,38 @@ once, staging, the MoE expert cache), its telemetry, and the byte counts the pla
 
 Without a budget the session maps every weight (``MmapStore``); with one, weights the plan marks ``streamed`` are
 read through a :class:`~uaii.storage.StreamingStore` around the steps that use them (see docs/runtime.md,
-"Streaming under a budget").
+"Streaming under a budget"). After compile, what the executable reports it allocates is held to the budget
+(:func:`check_memory`), and the KV cache the plan counts is that of the cached Attention layers the backends bind
+(:func:`kv_cache_bytes`, through :func:`uaii.ir.kvcache.kv_layers`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from uaii.ir import Graph
+from uaii.ir.kvcache import kv_bytes_per_token
+from uaii.ir.ops import WeightAccess
+from uaii.ir.registry import find_schema
 from uaii.runtime.errors import SessionError
 from uaii.runtime.model import ModelBundle, _nbytes
 from uaii.runtime.options import SessionOptions
 
+if TYPE_CHECKING:
+    from uaii.backends.base import Backend, Executable, KVStateLike
+
 log = logging.getLogger("uaii.runtime")
 
 
-def streaming_setup(plan: Any, graph: Any, bundle: ModelBundle, options: SessionOptions,
-                    backend: Any) -> tuple[Any, dict[str, Any]]:
-    """Under a budget: a StreamingStore with the plan's staging bytes, the pinned set read once, and what the
-    backend needs to acquire the streamed weights around the steps that read them: (store, compile options; the
-    MoE expert cache is one of them). (None, {}) when the session maps its weights after all (no plan, or a
-    backend that cannot stream), which is warned about."""
+def streaming_setup(plan: Any, graph: Any, bundle: ModelBundle,
+                    options: SessionOptions) -> tuple[Any, dict[str, Any]]:
+    """Under a budget, for a backend that streams weights (the Session checked ``capabilities.streams_weights``): a
+    StreamingStore with the plan's staging bytes, the pinned set read once, and the plan's storage plan as the
+    backend's streaming compile options — the streamed references, the plan's ``prefetch_order`` (the order the
+    backend queues reads in), the MoE expert cache, one staging buffer's bytes: (store, options). (None, {}) when
+    the session maps its weights after all (no storage plan: planning failed), which is warned about."""
     from uaii.storage import StreamingStore
 
     o, b = options, bundle
@@ -32,10 +42,6 @@ def streaming_setup(plan: Any, graph: Any, bundle: ModelBundle, options: Session
     if storage is None or not storage.budget_bytes:
         log.warning("[runtime] budget_bytes=%d: no storage plan (planning failed), so every weight is "
                     "memory-mapped and the budget is not enforced", o.budget_bytes)
-        return None, {}
-    if backend.name != "cpu":
-        log.warning("[runtime] budget_bytes=%d: the %s backend cannot stream weights yet; every weight is "
-                    "memory-mapped and the budget is not enforced", o.budget_bytes, backend.name)
         return None, {}
     streamed = [w.ref for w in storage.weights if w.mode == "streamed"]
     refs = {str(t.weight) for t in graph.weights if t.weight is not None}
@@ -94,29 +100,65 @@ def storage_stats(store: Any, plan: Any, exe: Any) -> dict[str, Any]:
     return st
 
 
-def kv_cache_bytes(graph: Any, slots: int, dtype: str = "f32") -> int:
-    """Bytes of a KV cache of ``slots`` tokens (``dtype`` f32 or f16): every past_k.N / past_v.N input is
-    [past, heads, dim]."""
-    item = 2 if dtype == "f16" else 4
-    total = 0
-    for name in graph.inputs:
-        if name.startswith(("past_k.", "past_v.")):
-            shape = graph.tensor(name).shape
-            per = 1
-            for d in shape[1:]:
-                per *= int(d) if isinstance(d, int) else 0
-            total += per * item * slots
-    return total
+def kv_cache_bytes(graph: Graph, slots: int, dtype: str = "f32") -> int:
+    """Bytes of a KV cache of ``slots`` tokens (``dtype`` f32 or f16) over the cached Attention layers of ``graph``
+    (:func:`uaii.ir.kvcache.kv_layers`, the analysis the backends bind their KV states with)."""
+    return kv_bytes_per_token(graph, 2 if dtype == "f16" else 4) * slots
+
+
+def check_memory(backend: Backend, exe: Executable, kv: KVStateLike | None, options: SessionOptions,
+                 plan: Any, *, enforced: bool, final: bool = False) -> int:
+    """After compile: what the executable reports it allocates (``exe.memory()``) plus the KV state's ``nbytes``,
+    held to the budget as the planner holds its plan — with the backend's own numbers instead of the planner's
+    estimate (the backend's arena, not the planner's; the streaming buffers it allocates, row buffers included).
+
+    A host executable is checked against ``budget_bytes`` when the budget is ``enforced`` (the store streams;
+    without a storage plan every weight is mapped, as warned); a device executable against
+    ``capabilities.device_memory`` (when the backend knows it). Within the limit: 0. Over it, on the host, the
+    first time (not ``final``): the bytes the executable allocates beyond the plan's estimate, for the Session to
+    plan once more with that much less (the planner then pins less, as it would have had it known). Otherwise a
+    BudgetError that names every part, as the planner's does."""
+    from uaii.planner import BudgetError
+
+    mem = exe.memory()
+    kv_bytes = int(kv.nbytes) if kv is not None else 0
+    parts = {"arena": mem.arena_bytes, "weights": mem.weight_bytes, "staging": mem.staging_bytes,
+             "kv_cache": kv_bytes}
+    total = sum(parts.values())
+    if mem.device == "host":
+        limit, what = (options.budget_bytes if enforced else 0), "memory budget"
+    else:
+        limit, what = backend.capabilities.device_memory, f"{backend.name} device memory"
+    if not limit or total <= limit:
+        return 0
+    estimate = planned_bytes(plan) if mem.device == "host" else 0
+    if not final and 0 < estimate < total:
+        return total - estimate
+    detail = " + ".join(f"{k.replace('_', ' ')} {v}" for k, v in parts.items())
+    raise BudgetError(f"[runtime] {what} of {limit} bytes is too small: the {backend.name} executable allocates "
+                      f"{detail} = {total} bytes (the plan estimated {estimate}); raise the budget or lower "
+                      "max_batch / max_context", budget_bytes=limit, required_bytes=total, parts=parts)
+
+
+def planned_bytes(plan: Any) -> int:
+    """What a plan's storage plan counts against the budget: pins, staging, KV and expert caches, its arena."""
+    s = getattr(plan, "storage", None)
+    if s is None:
+        return 0
+    return int(s.pinned_bytes + s.staging_bytes + s.kv_cache_bytes + s.expert_cache_bytes + plan.arena.size)
 
 
 def _moe_banks(graph: Any, streamed: set[str]) -> dict[str, list[Any]]:
-    """MoE nodes whose expert banks stream: node name → its gate, up and down bank tensors."""
+    """Nodes whose expert banks stream: node name → the bank tensors it reads by expert (its schema's EXPERTS
+    inputs: gate, up and down for MoEExperts)."""
     out: dict[str, list[Any]] = {}
+    weights = {t.name for t in graph.weights}
     for n in graph.nodes:
-        if n.op in ("MoEExperts", "MoEExpertsSwiGLU"):
-            ts = [graph.tensor(x) for x in n.inputs[3:6]]
-            if any(t.weight is not None and str(t.weight) in streamed for t in ts):
-                out[n.name] = ts
+        schema = find_schema(n.op, n.version)
+        reads = schema.weight_inputs(n, weights) if schema is not None else []
+        ts = [graph.tensor(w.name) for w in reads if w.access is WeightAccess.EXPERTS]
+        if any(t.weight is not None and str(t.weight) in streamed for t in ts):
+            out[n.name] = ts
     return out
 
 
@@ -141,4 +183,4 @@ def bytes_per_token(graph: Any, locations: Mapping[str, Any], plan: Any) -> int:
     return total
 
 
-__all__ = ["bytes_per_token", "kv_cache_bytes", "storage_stats", "streaming_setup"]
+__all__ = ["bytes_per_token", "check_memory", "kv_cache_bytes", "planned_bytes", "storage_stats", "streaming_setup"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -38,6 +38,9 @@ class SessionOptions:
         in the sequence) or ``"cache"`` (StreamingLLM: a token's position is its slot in the cache, so the model
         never sees distances beyond the window). Same result without a window; ``"cache"`` needs RoPE models.
     budget_bytes: memory budget for the storage plan (0: none; weights are memory-mapped).
+    gpu_budget_bytes: device-memory budget of a backend with device memory (WebGPU): the weights that do not fit
+        stream from the host store before each use (0: 80 % of the device memory it reports; see
+        uaii.runtime.gpu_budget).
     preset: a memory preset name (uaii.runtime.presets); its budget and window fill the options left at default.
     pin_layers: trunk layers to pin when a budget applies (None: the planner's default).
     expert_cache_bytes: bytes of the MoE expert LRU cache under a budget (part of the budget; 0: the smallest cache
@@ -60,6 +63,7 @@ class SessionOptions:
     kv_dtype: str = "f32"
     kv_positions: str = "absolute"
     budget_bytes: int = 0
+    gpu_budget_bytes: int = 0
     preset: str | None = None
     pin_layers: int | None = None
     expert_cache_bytes: int = 0
@@ -77,7 +81,8 @@ class SessionOptions:
             _int("n_threads", self.n_threads, 1)
         object.__setattr__(self, "n_threads", capped_threads(self.n_threads))
         for name, lo in (("max_context", 0), ("kv_window", 0), ("kv_sinks", 0), ("budget_bytes", 0),
-                         ("max_batch", 1), ("expert_cache_bytes", 0), ("stream_read_ahead", 1)):
+                         ("gpu_budget_bytes", 0), ("max_batch", 1), ("expert_cache_bytes", 0),
+                         ("stream_read_ahead", 1)):
             _int(name, getattr(self, name), lo)
         if self.pin_layers is not None:
             _int("pin_layers", self.pin_layers, 0)
@@ -118,9 +123,15 @@ class SessionOptions:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def backend_options(self) -> dict[str, Any]:
-        """The options a backend's ``compile`` takes from these (only those set: a backend without an option
-        ignores it, and the CPU backend's own default for ``gemm`` is ``$UAII_CPU_GEMM``)."""
+    def backend_options(self, accepted: Collection[str]) -> dict[str, Any]:
+        """The backend-specific options of ``compile`` set here, among those the backend declares it understands
+        (``accepted``: its ``Capabilities.compile_options``). Only those set: the CPU backend's own default for
+        ``gemm`` is ``$UAII_CPU_GEMM``. The Session refuses a set option the backend does not declare
+        (:func:`uaii.runtime.capabilities.check_backend`) before it gets here."""
+        return {k: v for k, v in self.backend_specific().items() if k in accepted}
+
+    def backend_specific(self) -> dict[str, Any]:
+        """The options set here that only some backends understand (names of ``Capabilities.compile_options``)."""
         return {"gemm": self.gemm} if self.gemm is not None else {}
 
 

@@ -25,20 +25,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uaii.ir import UaiiError
+from uaii.ir import Graph, UaiiError
 from uaii.runtime.bounds import ContextBounds
-from uaii.runtime.budget import bytes_per_token, kv_cache_bytes, storage_stats, streaming_setup
+from uaii.runtime.budget import bytes_per_token, check_memory, kv_cache_bytes, storage_stats, streaming_setup
+from uaii.runtime.capabilities import check_backend, compile_options, kv_state_options
 from uaii.runtime.errors import SessionError
 from uaii.runtime.generate import TextStream, common_prefix, make_sampler
+from uaii.runtime.gpu_budget import DeviceResidency, device_streaming
 from uaii.runtime.guard import SessionGuard
 from uaii.runtime.model import ModelBundle, load_bundle
 from uaii.runtime.options import SessionOptions
+from uaii.runtime.planning import kv_slots, replan, session_plan
 from uaii.runtime.results import GenerationResult, GenerationStats, ModelInfo, SessionState, peak_rss_bytes
 from uaii.runtime.rewrite import last_token_logits
+
+if TYPE_CHECKING:
+    from uaii.backends.base import Backend, Executable, KVStateLike
 
 log = logging.getLogger("uaii.runtime")
 OnPrefill = Callable[[int, int], object]
@@ -54,11 +60,14 @@ class Session:
         self.last_result: GenerationResult | None = None
         self.plan: Any = None
         self.plan_cache_hit = False
-        self._exe: Any = None
+        self.backend: Backend | None = None
+        self._exe: Executable | None = None
         self._store: Any = None
         self._stream_kw: dict[str, Any] = {}
-        self._kv: Any = None
-        self._full: Any = None  # functional executable for run() on a decoder graph
+        self.device_residency: DeviceResidency | None = None  # W4: weights on a device backend (gpu_budget.py)
+        self._device_kw: dict[str, Any] = {}  # W4: the streaming compile options with the device's streamed list
+        self._kv: KVStateLike | None = None
+        self._full: Executable | None = None  # functional executable for run() on a decoder graph
         self._history: list[int] = []  # tokens whose keys and values the cache holds
         # the last prompt's length and the logits its prefill ended with: a repeated prompt reuses them as they
         # are, where re-feeding its last token (the decode path) would give logits that differ in the last bits
@@ -78,12 +87,12 @@ class Session:
     # --- setup ---------------------------------------------------------------------------------------------
     def _setup(self) -> None:
         from uaii.backends import select_device
-        from uaii.storage import MmapStore
 
         o, b = self.options, self._bundle
-        self.backend = select_device(o.device)
-        if o.n_threads is not None and hasattr(self.backend, "set_threads"):
-            self.backend.set_threads(o.n_threads)
+        self.backend = backend = select_device(o.device)
+        check_backend(backend, o, generative=b.generative, model=b.path.name)  # before anything is built
+        if o.n_threads is not None:
+            backend.set_threads(o.n_threads)
         self.bounds, self.options = ContextBounds.of(b, o)
         self.context = self.bounds.context  # tokens a sequence may hold (see uaii.runtime.bounds)
         self.trained_context = self.bounds.trained  # positions the model was trained on (0: unknown)
@@ -91,29 +100,53 @@ class Session:
         self._chunk = min(o.max_batch, o.kv_window) if o.kv_window else o.max_batch  # tokens per prefill pass
         graph = last_token_logits(b.graph) if b.generative else b.graph
         self.graph = graph
-        self.plan, self.plan_cache_hit = self._plan(graph)
-        self.state = SessionState.PLANNED
-        stream_kw: dict[str, Any] = {}
-        if o.budget_bytes:
-            self._store, stream_kw = streaming_setup(self.plan, graph, b, o, self.backend)
-        if not stream_kw:
-            self._store = MmapStore(b.locations)
-        self._stream_kw = stream_kw
-        self._exe = self.backend.compile(graph, self.plan, self._store, max_tokens=o.max_batch,
-                                         memory_reuse=o.enable_memory_reuse, **stream_kw, **o.backend_options())
-        if b.generative:
-            kv_kw = {"dtype": o.kv_dtype} if o.kv_dtype != "f32" else {}  # a backend's new_state may not take it
-            if o.kv_positions != "absolute":
-                kv_kw["positions"] = o.kv_positions
-            self._kv = self._new_kv_state(kv_kw)
-        elif o.kv_positions != "absolute":
+        if not b.generative and o.kv_positions != "absolute":
             raise SessionError(f"[runtime] option kv_positions={o.kv_positions!r} needs a decoder with a KV cache; "
                                f"{b.path.name} has none")
+        self.plan, self.plan_cache_hit = self._plan(graph, o.budget_bytes)
+        self.state = SessionState.PLANNED
+        unplanned = self._build(graph)
+        if unplanned:  # the backend allocates bytes the plan does not count: plan once more without them
+            self._unbuild()
+            self.plan, self.plan_cache_hit = replan(graph, self._bundle, self.options, device=backend.name,
+                                                    context=self.context, unplanned=unplanned)
+            self._build(graph, final=True)
         self.bytes_per_token = bytes_per_token(graph, b.locations, self.plan)
         self._tokens = np.zeros(o.max_batch, np.int64)
         self._positions = np.zeros(o.max_batch, np.int64)
         self._decode_feeds = {"tokens": self._tokens[:1], "positions": self._positions[:1]}
         self.state = SessionState.READY
+
+    def _build(self, graph: Graph, final: bool = False) -> int:
+        """The store, the executable and the KV state for ``self.plan``; then what the executable reports it
+        allocates is held to the budget (:func:`uaii.runtime.budget.check_memory`): returns the bytes it allocates
+        beyond the plan's estimate when that is over the budget and another plan may fit (not ``final``), else 0."""
+        from uaii.storage import MmapStore
+
+        o, b, backend = self.options, self._bundle, self.backend
+        assert backend is not None
+        stream_kw: dict[str, Any] = {}
+        if o.budget_bytes:
+            self._store, stream_kw = streaming_setup(self.plan, graph, b, o)
+        if not stream_kw:
+            self._store = MmapStore(b.locations)
+        self._stream_kw = stream_kw
+        # W4 (device memory): which weights stay on a device backend under gpu_budget_bytes; host backends: unchanged
+        kv_device = kv_cache_bytes(graph, self._kv_slots(), o.kv_dtype) if b.generative else 0
+        self.device_residency, self._device_kw = device_streaming(backend, graph, self.plan, o, stream_kw, kv_device)
+        self._exe = backend.compile(graph, self.plan, self._store,
+                                    **compile_options(backend.capabilities, o, self._device_kw))
+        if b.generative:
+            self._kv = self._new_kv_state(self._exe)
+        return check_memory(backend, self._exe, self._kv, o, self.plan, enforced=bool(stream_kw), final=final)
+
+    def _unbuild(self) -> None:
+        """Give back what :meth:`_build` made (before building for another plan)."""
+        for obj in (self._exe, self._store):
+            if obj is not None:
+                obj.close()
+        self._exe = self._store = self._kv = None
+        self._stream_kw = {}
 
     @property
     def slides(self) -> bool:
@@ -126,10 +159,11 @@ class Session:
         """Whether the model's positions are rotary (a RoPE node in the graph): only those can be cache slots."""
         return self.bounds.rope
 
-    def _new_kv_state(self, kv_kw: dict[str, Any]) -> Any:
+    def _new_kv_state(self, exe: Executable) -> KVStateLike:
         o = self.options
+        kv_kw = kv_state_options(o)
         try:
-            return self._exe.new_state(self.context, window=o.kv_window, sinks=o.kv_sinks, **kv_kw)
+            return exe.new_state(self.context, **kv_kw)
         except UaiiError as exc:
             if "positions" not in kv_kw:
                 raise
@@ -148,45 +182,23 @@ class Session:
 
     def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One forward pass of the decoder; a streaming store counts it as one token of telemetry."""
+        exe = self._exe
+        assert exe is not None  # the guard lets no pass start on a closed session
         if not self._stream_kw:
-            return self._exe.run(feeds, self._kv)
+            return exe.run(feeds, self._kv)
         self._store.begin_token()
         try:
-            return self._exe.run(feeds, self._kv)
+            return exe.run(feeds, self._kv)
         finally:
             self._store.end_token()
 
-    def _plan(self, graph: Any) -> tuple[Any, bool]:
-        try:
-            from uaii.planner import BudgetError, PlannerOptions, plan
-        except ImportError:  # the planner is optional: the backend then follows the graph's own order
-            return None, False
-        o = self.options
-        kw: dict[str, Any] = dict(enable_fusion=o.enable_fusion, enable_memory_reuse=o.enable_memory_reuse,
-                                  max_tokens=o.max_batch, budget_bytes=o.budget_bytes, device=self.backend.name)
-        if o.budget_bytes:
-            kw["kv_cache_bytes"] = kv_cache_bytes(graph, self._kv_slots(), o.kv_dtype) if self._bundle.generative else 0
-            kw["expert_cache_bytes"] = o.expert_cache_bytes
-            kw["fill_pins"] = True  # what the budget holds beyond the minimum is spent on pinning more layers
-        if o.pin_layers is not None:
-            kw["pin_layers"] = o.pin_layers
-        bounds = {d: o.max_batch for name in graph.inputs for d in graph.tensor(name).shape
-                  if isinstance(d, str) and d != "seq"}
-        if self._bundle.generative:
-            bounds["past"] = self.context
-        kw["dim_bounds"] = bounds
-        try:
-            return plan(graph, PlannerOptions(**kw), cache=o.plan_cache)
-        except UaiiError as exc:  # e.g. a symbolic dim without a bound: run the graph in its own order
-            if isinstance(exc, SessionError | BudgetError):
-                raise  # a budget that cannot hold the minimum is the caller's to fix
-            log.warning("[runtime] planning %s failed (%s); executing the graph in its own order",
-                        self._bundle.path.name, exc)
-            return None, False
+    def _plan(self, graph: Graph, budget: int) -> tuple[Any, bool]:
+        assert self.backend is not None
+        return session_plan(graph, self._bundle, self.options, device=self.backend.name, context=self.context,
+                            budget=budget)
 
     def _kv_slots(self) -> int:
-        o = self.options
-        return o.kv_window + o.kv_sinks if o.kv_window else self.context
+        return kv_slots(self.options, self.context)
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def _ready(self, what: str) -> None:
@@ -333,9 +345,11 @@ class Session:
     def _next_position(self, n: int) -> int:
         """The rotary position of the first of the next ``n`` tokens. With kv_positions="cache" it is a cache slot,
         known only once the state has made room for them (see KVState.reserve)."""
+        kv = self._kv
+        assert kv is not None  # only generative sessions run passes
         if self.options.kv_positions == "absolute":
-            return int(self._kv.length)
-        return int(self._kv.reserve(n))
+            return int(kv.length)
+        return int(kv.reserve(n))
 
     def _vocab(self) -> int:
         return int(self.graph.tensor("logits").shape[-1])
@@ -356,11 +370,12 @@ class Session:
             exe = self._exe
             if self._kv is not None:
                 if self._full is None:
-                    self._full = self.backend.compile(self._bundle.graph, None, self._store, kv_state=False,
-                                                      max_tokens=self.options.max_batch,
-                                                      memory_reuse=self.options.enable_memory_reuse,
-                                                      **self._stream_kw, **self.options.backend_options())
+                    assert self.backend is not None
+                    self._full = self.backend.compile(
+                        self._bundle.graph, None, self._store,
+                        **compile_options(self.backend.capabilities, self.options, self._device_kw, kv_state=False))
                 exe = self._full
+            assert exe is not None
             missing = [n for n in exe.input_names if n not in feeds]
             if missing:
                 raise SessionError(f"[runtime] missing input(s) {', '.join(missing)}; the graph takes "
@@ -440,6 +455,8 @@ class Session:
         try:
             if max_new == 0:
                 return
+            kv = self._kv
+            assert kv is not None  # _generative() checked
             read0 = self._bytes_read()
             logits = self._prefill(ids, stats, on_prefill)
             reuse = stats.cached_tokens
@@ -471,7 +488,7 @@ class Session:
                 if text is not None and text.stopped:
                     finish = "stop"
                     break
-                if len(out) >= max_new or self.bounds.full(self._kv.length):
+                if len(out) >= max_new or self.bounds.full(kv.length):
                     break
                 logits = self._step(token)
                 steps += 1

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uaii.backends.base import (
+    Backend,
     BackendBase,
     Capabilities,
     DeviceStatus,
+    Executable,
+    KVStateLike,
     UnsupportedOpError,
     WeightSource,
     plan_graph,
 )
 from uaii.backends.config import cpu_gemm
+from uaii.backends.cpu.bind import BindHost
 from uaii.backends.cpu.executable import GENERIC, CpuExecutable
+from uaii.backends.cpu.kv import KV_DTYPES, POSITIONS, KVState
 from uaii.backends.cpu.memory import node_infos
 from uaii.backends.cpu.ops_fast import FAST
 from uaii.ir import PLAIN_TYPES, Graph, Node
@@ -51,9 +56,13 @@ class CpuBackend(BackendBase):
 
     @property
     def capabilities(self) -> Capabilities:
+        """Host memory, weights streamed from a streaming store, KV states in f32/f16 with a resident window and
+        either positioning (kv.py), the kernels' thread pool, and the ``gemm`` compile option."""
         return Capabilities(activation_dtypes=frozenset(d.value for d in PLAIN_TYPES),
                             weight_dtypes=frozenset(d.value for d in DEQUANT_TYPES | PLAIN_TYPES),
-                            ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED))
+                            ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED),
+                            streams_weights=True, kv_dtypes=frozenset(KV_DTYPES), kv_positions=frozenset(POSITIONS),
+                            kv_window=True, device_memory=0, threads=True, compile_options=frozenset({"gemm"}))
 
     def set_threads(self, n: int | None) -> None:
         """Threads of the kernel pool (None: the usable cores)."""
@@ -110,5 +119,11 @@ def _token_shapes(graph: Graph, exe: CpuExecutable, tokens: int) -> dict[str, tu
         shapes[n] = tuple(tokens if isinstance(d, str) else int(d) for d in dims)
     return shapes
 
+
+if TYPE_CHECKING:  # mypy holds the CPU classes to the contract they implement (base.py), structurally
+    _BACKEND: type[Backend] = CpuBackend
+    _EXECUTABLE: type[Executable] = CpuExecutable
+    _STATE: type[KVStateLike] = KVState
+    _HOST: type[BindHost] = CpuExecutable
 
 __all__ = ["UNSUPPORTED", "CpuBackend"]

@@ -8,17 +8,17 @@ decode step runs no Python frame for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from uaii.backends.base import BackendError
 from uaii.backends.cpu.memory import NodeInfo, VType
-from uaii.ir import DType
+from uaii.ir import DType, Graph
 from uaii.kernels import PackedWeight
-from uaii.kernels._native import ffi, lib
+from uaii.kernels.native import ffi, lib
 
 if TYPE_CHECKING:
     from uaii.backends.cpu.kv import KVState
@@ -78,10 +78,37 @@ def from_f32(y: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(y).astype(dtype.numpy, copy=False)
 
 
+class BindHost(Protocol):
+    """What a lowering may ask of the executable it binds for (CpuExecutable is one): the graph, which values are
+    weights, prepared weights, the GEMM mode of a product, the layer index of a cached Attention node, per-compile
+    caches and raw references of the weight source. Nothing else: a lowering never reaches into the executable."""
+
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def weight_names(self) -> Collection[str]: ...
+
+    @property
+    def kv_layer(self) -> Mapping[str, int]: ...
+
+    def weight(self, name: str) -> WeightData: ...
+
+    def packed(self, name: str, transpose_b: bool = True) -> PackedWeight: ...
+
+    def f32_weight(self, name: str) -> np.ndarray: ...
+
+    def gemm_mode_for(self, value: str) -> int: ...
+
+    def cached(self, key: Any, make: Callable[..., Any]) -> Any: ...
+
+    def acquire(self, ref: str) -> np.ndarray: ...
+
+
 class Bind:
     """Binding context for one shape key. ``arrays`` maps every value to its array for these shapes."""
 
-    def __init__(self, exe: Any, arrays: dict[str, np.ndarray], types: dict[str, VType],
+    def __init__(self, exe: BindHost, arrays: dict[str, np.ndarray], types: dict[str, VType],
                  state: KVState | None) -> None:
         self.exe = exe
         self.arrays = arrays
@@ -157,5 +184,5 @@ def numpy_step(fn: Callable[[], Any]) -> Step:
 
 Lowering = Callable[[Bind, NodeInfo], list[Step]]
 
-__all__ = ["BF16", "NULL", "Bind", "Lowering", "Step", "WeightData", "fptr", "from_f32", "kernel", "lib",
+__all__ = ["BF16", "NULL", "Bind", "BindHost", "Lowering", "Step", "WeightData", "fptr", "from_f32", "kernel", "lib",
            "numpy_step", "status_fail", "to_f32", "vptr"]

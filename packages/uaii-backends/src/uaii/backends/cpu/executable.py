@@ -16,16 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from uaii.backends.base import BackendError, WeightSource, weight_key
+from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
 from uaii.backends.config import GEMM_MODES as CONFIG_GEMM_MODES
 from uaii.backends.cpu.bind import Bind, Step, WeightData, status_fail, to_f32
 from uaii.backends.cpu.kv import KeyRotation, KVState
 from uaii.backends.cpu.memory import Layout, NodeInfo, VType, infer_types, nbytes_of, plan_layout
-from uaii.backends.cpu.ops_extra import EXTRA
+from uaii.backends.cpu.ops_extra import EXTRA, expert_banks
 from uaii.backends.cpu.ops_fast import FAST, rope_inv_freq
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.streaming import StreamingWeights
 from uaii.ir import Graph, Tensor
+from uaii.ir.kvcache import kv_layers
 from uaii.ir.ops import UNARY
 from uaii.kernels import PackedWeight
 
@@ -71,6 +72,7 @@ class CpuExecutable:
         self._weights: dict[str, WeightData] = {}
         self._cache: dict[Any, Any] = {}
         self._extra_refs: list[str] = []
+        self._acquired: list[np.ndarray] = []  # what acquire() returned (memory() counts it)
         self.kv_layer: dict[str, int] = {}
         self.kv_dims: list[tuple[int, int, int]] = []
         self.stateful: set[str] = set()
@@ -82,8 +84,8 @@ class CpuExecutable:
         self._arena = np.empty(0, np.uint8)
         self._bindings: dict[Any, Binding] = {}
         self.closed = False
-        self._banks = {n for i in infos if i.node.op.startswith("MoEExperts") for n in i.node.inputs[3:6]}
-        self.streaming = StreamingWeights(self, streamed, prefetch_order, expert_cache,
+        self._banks = {n for i in infos for n in expert_banks(i, self.weight_names)}  # read by expert: see _Bank
+        self.streaming = StreamingWeights(self, weights, streamed, prefetch_order, expert_cache,
                                           chunk_bytes) if streamed else None
         eager = self.weight_names - self._banks - (self.streaming.names if self.streaming else set())
         for name in sorted(eager):  # banks may be separate per-expert tensors: see _Bank
@@ -91,24 +93,11 @@ class CpuExecutable:
 
     # --- compile-time analysis -----------------------------------------------------------------------------
     def _find_kv(self) -> None:
-        g, tmap = self.graph, self.graph.tensor_map
-        for info in self.infos:
-            node = info.node
-            if node.op != "Attention" or len(node.inputs) < 5 or not node.inputs[3]:
-                continue
-            pk, pv = node.inputs[3], node.inputs[4]
-            outs = [*node.outputs, "", ""]
-            nk, nv = outs[1], outs[2]
-            if pk not in g.inputs or pv not in g.inputs or any(o and o not in g.outputs for o in (nk, nv)):
-                continue
-            if len(node.inputs) > 5 and node.inputs[5]:
-                continue  # a masked attention stays functional
-            k_shape, v_shape = tmap[pk].shape, tmap[pv].shape
-            if len(k_shape) != 3 or not all(isinstance(d, int) for d in (*k_shape[1:], v_shape[-1])):
-                continue
-            self.kv_layer[node.name] = len(self.kv_dims)
-            self.kv_dims.append((int(k_shape[1]), int(k_shape[2]), int(v_shape[2])))
-            self.stateful.update(x for x in (pk, pv, nk, nv) if x)
+        """Bind the cached Attention layers (uaii.ir.kvcache: the analysis the runtime's budget uses too)."""
+        for layer in kv_layers(self.graph):
+            self.kv_layer[layer.node] = len(self.kv_dims)
+            self.kv_dims.append((layer.n_kv_heads, layer.k_dim, layer.v_dim))
+            self.stateful.update(x for x in (layer.past_k, layer.past_v, layer.present_k, layer.present_v) if x)
 
     def gemm_mode_for(self, value: str) -> int:
         """The uk_gemm mode of the GEMM step that writes ``value``: mode 2 for the output projections in the
@@ -187,7 +176,9 @@ class CpuExecutable:
         """Raw bytes of any reference of the weight source (an expert slice ``#e=N``), released on close."""
         arr = np.asarray(self._source.acquire(ref))
         self._extra_refs.append(ref)
-        return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        self._acquired.append(raw)
+        return raw
 
     def cached(self, key: Any, make: Callable[[], Any]) -> Any:
         if self.streaming is not None and len(key) > 1 and key[1] in self.streaming.names:
@@ -233,6 +224,19 @@ class CpuExecutable:
     @property
     def arena_bytes(self) -> int:
         return int(self._arena.nbytes)
+
+    def memory(self) -> ExecutableMemory:
+        """What this executable holds (Executable.memory): the arena as allocated, the distinct bytes of weight
+        data it references (bound weights, acquired expert slices, cached conversions; views of one buffer count
+        once), and what streaming reads through (StreamingWeights.staging_bytes)."""
+        arrays = [w.raw for w in self._weights.values()]
+        arrays += self._acquired
+        for v in self._cache.values():
+            arrays += _arrays_of(v)
+        per_token = sum(h * (dk + dv) for h, dk, dv in self.kv_dims) * 4
+        staging = self.streaming.staging_bytes() if self.streaming is not None else 0
+        return ExecutableMemory(arena_bytes=self.arena_bytes, weight_bytes=distinct_bytes(arrays),
+                                staging_bytes=staging, kv_bytes_per_token=per_token, device="host")
 
     def _bind(self, shapes: dict[str, tuple[int, ...]], state: KVState | None) -> Binding:
         types = infer_types(self.graph, self.infos, self.feed_types(shapes))
@@ -348,6 +352,7 @@ class CpuExecutable:
         for ref in self._extra_refs:
             with contextlib.suppress(Exception):
                 self._source.release(ref)
+        self._acquired.clear()
         self._weights.clear()
         self._arena = np.empty(0, np.uint8)
         self.closed = True
@@ -401,6 +406,31 @@ def weight_array(t: Tensor, data: Any) -> np.ndarray:
     if arr.dtype == np.uint8 and want != np.uint8:
         arr = arr.reshape(-1).view(want)
     return np.ascontiguousarray(arr, dtype=want).reshape([int(d) for d in t.shape])
+
+
+def _arrays_of(obj: Any) -> list[np.ndarray]:
+    """The arrays a cached object keeps alive: an array, a PackedWeight's bytes, an expert bank's packed experts."""
+    if isinstance(obj, np.ndarray):
+        return [obj]
+    if isinstance(obj, PackedWeight):
+        return [obj.data]
+    found: list[np.ndarray] = []
+    for item in getattr(obj, "experts", ()):
+        found += _arrays_of(item)
+    return found
+
+
+def distinct_bytes(arrays: Sequence[np.ndarray]) -> int:
+    """Bytes of memory that ``arrays`` cover together: a view and its base, or two views of one buffer, count
+    once (the union of their address ranges)."""
+    spans = sorted((a.__array_interface__["data"][0], a.nbytes) for a in arrays if a.nbytes)
+    total, end = 0, 0
+    for start, size in spans:
+        stop = start + size
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
 
 def _carve(arena: np.ndarray, offset: int, t: VType) -> np.ndarray:

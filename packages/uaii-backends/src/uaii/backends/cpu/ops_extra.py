@@ -5,7 +5,7 @@ and mixture of experts (the router in numpy, the experts through the packed GEMM
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from uaii.backends.cpu.bind import Bind, Step, fptr, lib, numpy_step, status_fai
 from uaii.backends.cpu.memory import NodeInfo
 from uaii.backends.cpu.ops_fast import rope_inv_freq
 from uaii.backends.cpu.ops_numpy import as_values, compute, store
-from uaii.ir import DType, UaiiError
+from uaii.ir import DType, UaiiError, WeightAccess
 from uaii.kernels import DEQUANT_TYPES, PackedWeight
 
 
@@ -200,8 +200,19 @@ def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where:
     return step
 
 
+def expert_banks(info: NodeInfo, weights: Collection[str]) -> list[str]:
+    """The expert banks a node reads: the inputs among ``weights`` that its schema reads by EXPERTS, in slot order
+    (MoEExperts: gate, up, down)."""
+    reads = info.schema.weight_inputs(info.node, weights, info.attrs)
+    return [w.name for w in reads if w.access is WeightAccess.EXPERTS]
+
+
 def moe_experts(b: Bind, info: NodeInfo) -> list[Step]:
-    gate, up, down = (b.exe.cached(("bank", n), lambda n=n: _Bank(b, n)) for n in info.node.inputs[3:6])
+    banks = expert_banks(info, b.exe.weight_names)
+    if len(banks) != 3:
+        raise BackendError(f"[backend] node {info.node.name!r} ({info.node.op}): expected gate, up and down expert "
+                           f"banks among its weights, found {banks}")
+    gate, up, down = (b.exe.cached(("bank", n), lambda n=n: _Bank(b, n)) for n in banks)
     step = expert_step(b, info, gate.rows, lambda e: (gate.experts[e], up.experts[e], down.experts[e]),
                        "MoEExperts gemm")
     return [numpy_step(step)]
@@ -210,4 +221,4 @@ def moe_experts(b: Bind, info: NodeInfo) -> list[Step]:
 EXTRA: dict[str, Any] = {"RoPE": rope, "Attention": attention, "MoERouter": moe_router, "MoEExperts": moe_experts,
                          "MoEExpertsSwiGLU": moe_experts}
 
-__all__ = ["EXTRA", "ExpertWeights", "expert_step"]
+__all__ = ["EXTRA", "ExpertWeights", "expert_banks", "expert_step"]

@@ -4,7 +4,7 @@ A budgeted plan marks weights ``streamed``: they are not bound at compile time. 
 single step that
 
 1. acquires its streamed weights from the store (a ``uaii.storage.StreamingStore``: reads land in the staging pool,
-   queued in execution order, so the next tensors are in flight while this node computes),
+   queued in the plan's prefetch order, so the next tensors are in flight while this node computes),
 2. runs the node's ordinary kernel steps over views of the staging bytes (block-quantized weights stay packed: a
    :class:`~uaii.kernels.PackedWeight` wraps the staging view, nothing is dequantized or copied), and
 3. releases them, which lets the store submit the next queued reads.
@@ -14,16 +14,22 @@ with the store's deterministic first-fit allocation the same node lands at the s
 and a decode step then lowers nothing and allocates nothing beyond the staging pool (``relowered`` counts misses).
 
 At the start of every run, and again right after the run's last streamed weight is released (a step of its own),
-the whole acquisition order is queued (``prefetch``), so that the first streamed layers of the next token are read
-while the rest of this run (final norm, a pinned lm_head) computes and the caller samples (wrap-around).
+the whole read order is queued (``prefetch``), so that the first streamed layers of the next token are read while
+the rest of this run (final norm, a pinned lm_head) computes and the caller samples (wrap-around). The read order
+is the plan's ``storage.prefetch_order`` (each weight expanded to its row chunks where it streams in chunks; see
+:meth:`StreamingWeights._queue` for the one place where a weight's staged use differs from its first use).
 
-Two weights never go through staging:
+How a node reads each weight is its op schema's ``WeightAccess`` (the planner sized staging by the same
+declaration). Two kinds never go through staging:
 
-* an Embedding table that streams is read row by row: one ``pread`` of each looked-up row (a row of a
-  block-quantized table is contiguous, ``d / block_size * type_size`` bytes) into small aligned row buffers; the
-  table is never staged or pinned for the lookup.
-* MoE expert banks: after routing, only the selected experts' references (``#e=N``) are read, through an
-  :class:`~uaii.storage.ExpertCache` (byte-budgeted LRU) so that repeats are served from memory.
+* a table read by rows (``ROWS``: an Embedding or Gather table) is read row by row: one ``pread`` of each looked-up
+  row, addressed ``ref@rows=i:i+1`` (a row of a block-quantized table is contiguous, ``d / block_size * type_size``
+  bytes) into small aligned row buffers; the table is never staged or pinned for the lookup.
+* MoE expert banks (``EXPERTS``): after routing, only the selected experts' references (``#e=N``) are read, through
+  an :class:`~uaii.storage.ExpertCache` (byte-budgeted LRU) so that repeats are served from memory.
+
+A weight read by output rows (``ROW_CHUNKS``: a MatMul's [N, K] weight) that exceeds one staging buffer is staged
+in chunks of rows (``ref@rows=A:B``), each computing its slice of the output.
 """
 
 from __future__ import annotations
@@ -38,25 +44,33 @@ import numpy as np
 from uaii.backends.base import BackendError, weight_key
 from uaii.backends.cpu.bind import Bind, Step, WeightData, fptr, status_fail, vptr
 from uaii.backends.cpu.memory import NodeInfo
+from uaii.ir import DType
+from uaii.ir.ops import WeightAccess
 from uaii.kernels import DEQUANT_TYPES, PackedWeight
-from uaii.kernels._native import ffi, lib
+from uaii.kernels.native import ffi, lib
 
 if TYPE_CHECKING:
     from uaii.backends.cpu.executable import CpuExecutable
 
 ROW_CHUNK = 16  # rows of a streamed embedding table read together (parallel preads)
 MAX_VARIANTS = 4  # cached lowerings per streamed node (one per distinct staging address set)
-MOE_OPS = ("MoEExperts", "MoEExpertsSwiGLU")
+ROW_OPS = {"Embedding": False, "Gather": True}
+"""The ops whose table reads (``WeightAccess.ROWS``) the row path computes → whether a negative index counts from
+the end (Gather) or is an error (an Embedding's token ids)."""
+CHUNK_OPS = {"MatMul": False, "MatMulRelu": True}
+"""The ops whose weight reads by output rows (``WeightAccess.ROW_CHUNKS``) the chunk path computes → relu after."""
 
 
 class StreamingWeights:
     """The streamed weights of one executable and the steps that acquire them (see the module docstring)."""
 
-    def __init__(self, exe: CpuExecutable, streamed: Collection[str], prefetch_order: Sequence[str],
+    def __init__(self, exe: CpuExecutable, store: Any, streamed: Collection[str], prefetch_order: Sequence[str],
                  expert_cache: Any = None, chunk_bytes: int = 0) -> None:
+        """``store``: the streaming store the executable was compiled with (prefetch, acquire, release,
+        read_many_into, window_bytes); ``prefetch_order``: the plan's (see :meth:`_queue`)."""
         self.exe = exe
         self.chunk_bytes = int(chunk_bytes)
-        self.store: Any = exe._source  # a streaming store (prefetch, acquire, read_many_into, window_bytes)
+        self.store = store
         refs = set(streamed)
         graph = exe.graph
         self.names = {t.name for t in graph.tensors if t.is_weight and weight_key(t) in refs}
@@ -67,54 +81,99 @@ class StreamingWeights:
         self._row_bufs: list[Any] = []
         self._closed = False
         self._chunks: dict[str, list[tuple[str, int, int]]] = {}
-        acquired: list[str] = []  # in execution order: what nodes acquire through staging
-        for info in exe.infos:
-            for ref in self.acquired_refs(info):
-                if ref not in acquired:
-                    acquired.append(ref)
-        # the plan's prefetch order is by first use; what is queued is the order of acquisition (a tied table's first
-        # use is a row lookup, its staged use the lm_head at the end)
-        self.order = acquired
-        self.planned_order = tuple(prefetch_order)
+        reads: dict[str, list[str]] = {}  # weight ref -> what its staged uses acquire (chunks or itself)
+        first_use: dict[str, int] = {}
+        first_staged: dict[str, int] = {}
+        for step, info in enumerate(exe.infos):
+            for name in self.streamed_inputs(info):
+                first_use.setdefault(self.ref_of[name], step)
+            for ref, read in self._staged_reads(info):
+                first_staged.setdefault(ref, step)
+                got = reads.setdefault(ref, [])
+                if read not in got:
+                    got.append(read)
+        self.queue = self._queue(tuple(prefetch_order), first_use, first_staged)
+        self.order = [r for ref in self.queue for r in reads[ref]]  # what start() queues, in this order
+
+    @staticmethod
+    def _queue(plan: Sequence[str], first_use: dict[str, int], first_staged: dict[str, int]) -> list[str]:
+        """The weight references to read ahead, in the order reads are queued: the plan's prefetch order (without
+        one, e.g. a direct compile, the execution order). The plan lists a weight at its first use; a weight whose
+        first use reads it outside staging (a tied table's row lookups) is queued at its first staged use (the
+        lm_head) instead, before the first weight staged after it: queued first, its chunks would hold the staging
+        buffers that the first layers wait for. A streamed weight the plan does not list is an error."""
+        if not plan:
+            return sorted(first_staged, key=first_staged.__getitem__)
+        listed = set(plan)
+        missing = [r for r in first_staged if r not in listed]
+        if missing:
+            raise BackendError(f"[backend] the plan's prefetch order ({len(plan)} references) does not list the "
+                               f"streamed weight {missing[0]!r}; a plan and the streamed set it was made with agree")
+        ranked = [r for r in dict.fromkeys(plan) if r in first_staged and first_use[r] == first_staged[r]]
+        for r in sorted((r for r in first_staged if first_use[r] != first_staged[r]), key=first_staged.__getitem__):
+            at = next((i for i, q in enumerate(ranked) if first_staged[q] > first_staged[r]), len(ranked))
+            ranked.insert(at, r)
+        return ranked
+
+    def staging_bytes(self) -> int:
+        """Bytes streaming reads through: the store's staging pool, the embedding row buffers, the expert cache."""
+        from uaii.storage import PAGE, round_up
+
+        rows = 0
+        for info in self.exe.infos:
+            table = self._row_table(info)
+            if table is not None:
+                t = self.exe.graph.tensor(table)
+                rows = max(rows, (round_up(t.dtype.nbytes(int(t.shape[1])), PAGE) + PAGE) * ROW_CHUNK)
+        cache = int(self.expert_cache.budget_bytes) if self.expert_cache is not None else 0
+        return int(getattr(self.store, "staging_capacity", 0)) + rows + cache
 
     # --- what a node reads -----------------------------------------------------------------------------------
     def streamed_inputs(self, info: NodeInfo) -> list[str]:
         return list(dict.fromkeys(x for x in info.node.inputs if x in self.names))
 
+    def _reads(self, info: NodeInfo, access: WeightAccess, among: Collection[str] | None = None) -> list[str]:
+        """The node's weights in ``among`` (default: the streamed ones) that its op reads with ``access``, in slot
+        order. The op's schema says how it reads each input (``uaii.ir.ops.WeightAccess``); no slot or op name here."""
+        names = self.names if among is None else among
+        return [w.name for w in info.schema.weight_inputs(info.node, names, info.attrs) if w.access is access]
+
     def _row_table(self, info: NodeInfo) -> str | None:
-        """The table of an Embedding whose streamed table is read by rows (None: not such a node)."""
-        node = info.node
-        if node.op != "Embedding" or len(node.inputs) < 2 or node.inputs[1] not in self.names:
+        """The streamed 2-D table a node reads by rows (ROWS access) when the row path computes its op: rows copied
+        (the output keeps the table's dtype) or dequantized into f32. None: the node stages what it reads."""
+        tables = self._reads(info, WeightAccess.ROWS)
+        if len(tables) != 1 or info.node.op not in ROW_OPS or len(info.node.inputs) != 2:
             return None
-        t = self.exe.graph.tensor(node.inputs[1])
-        if t.dtype not in DEQUANT_TYPES or len(t.shape) != 2 or t.weight is None:
+        t = self.exe.graph.tensor(tables[0])
+        out = self.exe.graph.tensor(info.node.outputs[0]).dtype
+        if len(t.shape) != 2 or t.weight is None or (out is not t.dtype and (
+                t.dtype not in DEQUANT_TYPES or out is not DType.F32)):
             return None
-        return node.inputs[1]
+        return tables[0]
 
     def _moe(self, info: NodeInfo) -> bool:
-        return info.node.op in MOE_OPS and any(x in self.names for x in info.node.inputs[3:6])
+        return bool(self._reads(info, WeightAccess.EXPERTS))
 
     def acquired_names(self, info: NodeInfo) -> list[str]:
         """Streamed weights a node acquires through staging (row lookups and expert banks do not)."""
         if self._moe(info):
-            return [x for x in self.streamed_inputs(info) if x not in info.node.inputs[3:6]]
+            return [x for x in self.streamed_inputs(info) if x not in self._reads(info, WeightAccess.EXPERTS)]
         table = self._row_table(info)
         return [x for x in self.streamed_inputs(info) if x != table]
 
     def chunks(self, info: NodeInfo) -> list[tuple[str, int, int]] | None:
-        """Row chunks ``(ref, start, stop)`` of a MatMul's streamed [N, K] weight too large for one staging buffer;
-        None when the node is not such a MatMul."""
-        node = info.node
-        if node.op != "MatMul" or not self.chunk_bytes or len(node.inputs) < 2 or node.inputs[1] not in self.names:
+        """Row chunks ``(ref, start, stop)`` of a streamed [N, K] weight that the node's op reads by output rows
+        (ROW_CHUNKS access: a MatMul stored transposed) and that is too large for one staging buffer; else None."""
+        chunked = self._reads(info, WeightAccess.ROW_CHUNKS) if self.chunk_bytes else []
+        if len(chunked) != 1 or info.node.op not in CHUNK_OPS or len(info.node.inputs) != 2:
             return None
-        name = node.inputs[1]
+        name = chunked[0]
         if name in self._chunks:
             return self._chunks[name]
-        from uaii.storage import rows_ref
-        from uaii.storage._native import PAGE
+        from uaii.storage import PAGE, rows_ref
 
         t = self.exe.graph.tensor(name)
-        if (not info.attrs.get("transpose_b") or len(t.shape) != 2 or t.dtype not in DEQUANT_TYPES
+        if (len(t.shape) != 2 or t.dtype not in DEQUANT_TYPES
                 or self.store.window_bytes(self.ref_of[name]) <= self.chunk_bytes):
             return None
         n, k = (int(d) for d in t.shape)
@@ -125,10 +184,15 @@ class StreamingWeights:
         return out
 
     def acquired_refs(self, info: NodeInfo) -> list[str]:
+        return list(dict.fromkeys(read for _, read in self._staged_reads(info)))
+
+    def _staged_reads(self, info: NodeInfo) -> list[tuple[str, str]]:
+        """(weight reference, what is acquired for it) for each read of the node through staging."""
         chunks = self.chunks(info)
         if chunks is not None:
-            return [c[0] for c in chunks]
-        return list(dict.fromkeys(self.ref_of[n] for n in self.acquired_names(info)))
+            ref = self.ref_of[self._reads(info, WeightAccess.ROW_CHUNKS)[0]]
+            return [(ref, c[0]) for c in chunks]
+        return [(self.ref_of[n], self.ref_of[n]) for n in self.acquired_names(info)]
 
     # --- lowering --------------------------------------------------------------------------------------------
     def lower(self, b: Bind, info: NodeInfo) -> list[Step] | None:
@@ -185,48 +249,70 @@ class StreamingWeights:
         self._closed = True
         self._row_bufs.clear()
 
-    # --- embedding rows ------------------------------------------------------------------------------------------
+    # --- table rows (Embedding, Gather) ---------------------------------------------------------------------------
     def _row_step(self, b: Bind, info: NodeInfo, table: str) -> Step:
-        from uaii.storage._native import PAGE, AlignedBuffer, round_up
+        """Each looked-up row of ``table`` read on its own (``ref@rows=i:i+1``, the one row syntax of
+        ``uaii.storage``) into a small row buffer, then copied to its output row, or dequantized into f32."""
+        from uaii.storage import PAGE, AlignedBuffer, round_up, rows_ref
 
-        t = self.exe.graph.tensor(table)
-        assert t.weight is not None and t.dtype.gguf_id is not None
+        node, t = info.node, self.exe.graph.tensor(table)
+        assert t.weight is not None
         vocab, d = (int(x) for x in t.shape)
-        row_bytes = t.dtype.nbytes(d)
-        if not self._row_bufs:
-            size = round_up(row_bytes, PAGE) + PAGE  # a row's read window may straddle a page boundary
+        if not self._row_bufs:  # one set for every table: sized for the longest row (a read may straddle a page)
+            tables = [self.exe.graph.tensor(x) for x in map(self._row_table, self.exe.infos) if x is not None]
+            size = max(round_up(u.dtype.nbytes(int(u.shape[1])), PAGE) + PAGE for u in tables)
             self._row_bufs = [AlignedBuffer(size) for _ in range(ROW_CHUNK)]
-        bufs = self._row_bufs
-        ids = b.index_as(info.node.inputs[0], np.int64)
-        y = b.a(info.node.outputs[0]).reshape(-1, d)
-        wref, store, gid = t.weight, self.store, t.dtype.gguf_id
-        zero = np.zeros(1, np.int64)
-        zptr = vptr(zero, "int64_t *")
-        outs = [fptr(y[i]) for i in range(y.shape[0])]
-        keep = (zero, ids, y, bufs)
+        bufs, wraps, ref, store = self._row_bufs, ROW_OPS[node.op], str(t.weight), self.store
+        ids = b.index_as(node.inputs[1 - node.inputs.index(table)], np.int64)
+        y = b.a(node.outputs[0])
+        if not y.flags.c_contiguous:
+            raise BackendError(f"[backend] node {node.name!r}: a table read by rows needs a contiguous output")
+        put = self._row_writer(node.name, t.dtype, d, y, copy=self.exe.graph.tensor(node.outputs[0]).dtype is t.dtype)
 
-        def step(_keep: Any = keep) -> None:
-            n = ids.size
-            for s in range(0, n, ROW_CHUNK):
-                part = ids[s:s + ROW_CHUNK]
-                rows = [int(i) for i in part]
+        def step(_keep: Any = (ids, y, bufs)) -> None:
+            for s in range(0, ids.size, ROW_CHUNK):
+                rows = [int(i) for i in ids[s:s + ROW_CHUNK]]
+                if wraps:
+                    rows = [r + vocab if r < 0 else r for r in rows]
                 bad = [r for r in rows if not 0 <= r < vocab]
                 if bad:
-                    raise BackendError(f"[backend] node {info.node.name!r}: token id {bad[0]} is outside the table "
+                    raise BackendError(f"[backend] node {node.name!r}: index {bad[0]} is outside the table "
                                        f"{table!r} ({vocab} rows)")
-                views = store.read_many_into([(str(wref.with_expert(r)), bufs[j]) for j, r in enumerate(rows)])
+                views = store.read_many_into([(rows_ref(ref, r, r + 1), bufs[j]) for j, r in enumerate(rows)])
                 for j, v in enumerate(views):
-                    rc = lib.uk_get_rows(gid, ffi.from_buffer(v), 1, d, zptr, 1, outs[s + j])
-                    if rc:
-                        raise status_fail(f"node {info.node.name!r} (embedding row)", rc)
+                    put(s + j, v)
 
         return step
+
+    @staticmethod
+    def _row_writer(where: str, dtype: DType, d: int, y: np.ndarray, *, copy: bool) -> Any:
+        """``put(i, row)``: output row ``i`` from the bytes of one table row, copied as they are or dequantized."""
+        if copy:
+            out = y.reshape(-1).view(np.uint8).reshape(-1, dtype.nbytes(d))
+
+            def put_copy(i: int, v: np.ndarray) -> None:
+                out[i] = v.reshape(-1).view(np.uint8)[:out.shape[1]]
+
+            return put_copy
+        assert dtype.gguf_id is not None
+        gid, zero = dtype.gguf_id, np.zeros(1, np.int64)
+        zptr = vptr(zero, "int64_t *")
+        outs = [fptr(row) for row in y.reshape(-1, d)]
+
+        def put_dequantized(i: int, v: np.ndarray, _keep: Any = zero) -> None:
+            rc = lib.uk_get_rows(gid, ffi.from_buffer(v), 1, d, zptr, 1, outs[i])
+            if rc:
+                raise status_fail(f"node {where!r} (table row)", rc)
+
+        return put_dequantized
 
     # --- row-chunked MatMul (an lm_head larger than a staging buffer) ------------------------------------------------
     def _chunked_matmul(self, b: Bind, info: NodeInfo, chunks: list[tuple[str, int, int]]) -> list[Step]:
         node = info.node
-        t = self.exe.graph.tensor(node.inputs[1])
-        x, y = b.a(node.inputs[0]), b.a(node.outputs[0])
+        name = self._reads(info, WeightAccess.ROW_CHUNKS)[0]
+        t = self.exe.graph.tensor(name)
+        x, y = b.a(node.inputs[1 - node.inputs.index(name)]), b.a(node.outputs[0])
+        relu = CHUNK_OPS[node.op]
         if x.dtype != np.float32 or y.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
             raise BackendError(f"[backend] node {node.name!r}: a row-chunked MatMul needs float32 input and output")
         n, k = (int(d) for d in t.shape)
@@ -254,6 +340,8 @@ class StreamingWeights:
                         raise status_fail(f"node {node.name!r} (rows {a}:{stop})", rc)
                 finally:
                     store.release(ref)
+            if relu:
+                np.maximum(y, 0, out=y)
 
         return [step]
 
@@ -267,7 +355,7 @@ class StreamingWeights:
             raise BackendError(f"[backend] node {node.name!r}: streamed expert banks need an expert cache "
                                "(compile with expert_cache=ExpertCache(store, budget))")
         banks = []
-        for name in node.inputs[3:6]:
+        for name in self._reads(info, WeightAccess.EXPERTS, self.exe.weight_names):  # gate, up, down (slot order)
             t = self.exe.graph.tensor(name)
             if t.dtype not in DEQUANT_TYPES or t.weight is None or len(t.shape) != 3:
                 raise BackendError(f"[backend] expert bank {name!r} ({t.dtype.value}, {list(t.shape)}) cannot "

@@ -1,0 +1,82 @@
+"""How a Session plans: the planner's options from the session's, and what happens when planning fails.
+
+Under a budget the planner is told the real KV cache size (:func:`uaii.runtime.budget.kv_cache_bytes` of the slots
+the session will allocate) and the expert cache, and spends what the budget holds beyond the minimum on pinning
+more layers (``fill_pins``). A graph the planner cannot plan (a symbolic dim without a bound) runs in its own order,
+with a warning; a budget that cannot hold the minimum is the caller's to fix (the planner's BudgetError).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from uaii.ir import Graph, UaiiError
+from uaii.runtime.budget import kv_cache_bytes
+from uaii.runtime.errors import SessionError
+from uaii.runtime.model import ModelBundle
+from uaii.runtime.options import SessionOptions
+
+log = logging.getLogger("uaii.runtime")
+
+
+def kv_slots(options: SessionOptions, context: int) -> int:
+    """Slots of the session's KV state: the window plus sinks, or the whole context."""
+    o = options
+    return o.kv_window + o.kv_sinks if o.kv_window else context
+
+
+def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, device: str, context: int,
+                 budget: int) -> tuple[Any, bool]:
+    """(plan, cache hit) of ``graph`` for a session on ``device`` holding ``context`` tokens, planned for
+    ``budget`` bytes (the session's budget, or less when the backend allocates what the plan does not count; see
+    :func:`uaii.runtime.budget.check_memory`). (None, False) when the planner is missing or cannot plan it."""
+    try:
+        from uaii.planner import BudgetError, PlannerOptions, plan
+    except ImportError:  # the planner is optional: the backend then follows the graph's own order
+        return None, False
+    o = options
+    kw: dict[str, Any] = dict(enable_fusion=o.enable_fusion, enable_memory_reuse=o.enable_memory_reuse,
+                              max_tokens=o.max_batch, budget_bytes=budget, device=device)
+    if budget:
+        kw["kv_cache_bytes"] = kv_cache_bytes(graph, kv_slots(o, context), o.kv_dtype) if bundle.generative else 0
+        kw["expert_cache_bytes"] = o.expert_cache_bytes
+        kw["fill_pins"] = True  # what the budget holds beyond the minimum is spent on pinning more layers
+    if o.pin_layers is not None:
+        kw["pin_layers"] = o.pin_layers
+    bounds = {d: o.max_batch for name in graph.inputs for d in graph.tensor(name).shape
+              if isinstance(d, str) and d != "seq"}
+    if bundle.generative:
+        bounds["past"] = context
+    kw["dim_bounds"] = bounds
+    try:
+        return plan(graph, PlannerOptions(**kw), cache=o.plan_cache)
+    except UaiiError as exc:  # e.g. a symbolic dim without a bound: run the graph in its own order
+        if isinstance(exc, SessionError | BudgetError):
+            raise  # a budget that cannot hold the minimum is the caller's to fix
+        log.warning("[runtime] planning %s failed (%s); executing the graph in its own order", bundle.path.name, exc)
+        return None, False
+
+
+def replan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, device: str, context: int,
+           unplanned: int) -> tuple[Any, bool]:
+    """The plan for the budget less the ``unplanned`` bytes the backend allocates beyond the first plan's estimate
+    (logged); a BudgetError naming both when even the smallest plan does not fit what is left."""
+    from uaii.planner import BudgetError
+
+    budget = options.budget_bytes
+    log.info("[runtime] the %s executable allocates %d bytes more than the plan counts; planning for %d of the "
+             "%d-byte budget", device, unplanned, budget - unplanned, budget)
+    try:
+        if budget <= unplanned:
+            raise BudgetError(f"nothing is left of it (needs {unplanned})", budget_bytes=budget,
+                              required_bytes=unplanned, parts={"unplanned": unplanned})
+        return session_plan(graph, bundle, options, device=device, context=context, budget=budget - unplanned)
+    except BudgetError as exc:
+        raise BudgetError(f"[runtime] memory budget of {budget} bytes is too small: the {device} executable "
+                          f"allocates {unplanned} bytes beyond what the plan counts, and for the rest {exc}",
+                          budget_bytes=budget, required_bytes=exc.required_bytes + unplanned,
+                          parts={**exc.parts, "unplanned": unplanned}) from None
+
+
+__all__ = ["kv_slots", "replan", "session_plan"]
