@@ -40,7 +40,8 @@ def test_list_backends_covers_every_backend_with_a_status() -> None:
         status = listed[name]
         assert isinstance(status, DeviceStatus)
         assert status.available or status.reason, name  # never unavailable without saying why
-        assert not status.available  # no GPU executor is built in this release
+        if name != "webgpu":  # webgpu executes (tests/backends/test_webgpu_device.py); the others are probes only
+            assert not status.available
     assert "macOS" in listed["metal"].reason or listed["metal"].devices
 
 

@@ -1,5 +1,7 @@
-"""uaii.backends — execution backends of UAII: the backend interface, the CPU backend, GPU device probes, the
-registry (entry-point group ``uaii.backends``) and the conformance suite (:mod:`uaii.backends.testing`).
+"""uaii.backends — execution backends of UAII: the backend interface, the CPU backend, the WebGPU backend
+(:mod:`uaii.backends.webgpu`; ``wgpu`` is imported only when it enumerates adapters, so this package imports without
+it), GPU device probes, the registry (entry-point group ``uaii.backends``) and the conformance suite
+(:mod:`uaii.backends.testing`).
 
     from uaii.backends import get_backend, list_backends, select_device
     cpu = get_backend("cpu")
@@ -26,8 +28,9 @@ from uaii.backends.base import (
     weight_key,
 )
 from uaii.backends.cpu import CpuBackend, CpuExecutable, KVCacheFull, KVState
-from uaii.backends.gpu import CudaBackend, GpuProbeBackend, MetalBackend, RocmBackend, VulkanBackend, WebGpuBackend
+from uaii.backends.gpu import CudaBackend, GpuProbeBackend, MetalBackend, RocmBackend, VulkanBackend
 from uaii.backends.registry import ENTRY_POINT_GROUP, backend_names, get_backend, list_backends, select_device
+from uaii.backends.webgpu import WebGpuBackend
 
 __version__ = _version("uaii-backends")
 __all__ = [

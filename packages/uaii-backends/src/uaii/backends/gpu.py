@@ -1,12 +1,14 @@
-"""GPU backends: honest device probes for CUDA, ROCm, Vulkan, Metal and WebGPU (no GPU execution yet).
+"""GPU backends: the WebGPU backend (executes graphs, see :mod:`uaii.backends.webgpu`) and honest device probes
+for CUDA, ROCm, Vulkan and Metal (no executor of their own yet).
 
 Each probe creates a context through the vendor's own driver library (loaded with ctypes, so no SDK is needed at
 build time) and enumerates physical devices; software devices (llvmpipe, SwiftShader, CPU adapters) do not count.
 A probe never raises: every failure becomes ``DeviceStatus(False, reason)``.
 
-None of these backends executes graphs in this release, so a probe that finds devices still reports
-``available=False`` — with the devices listed and the reason — and ``select_device("auto")`` falls back to the CPU,
-saying why. When a backend gains an executor, its ``EXECUTES`` flag turns on and a device makes it available.
+The probe-only backends report ``available=False`` even when they find devices — with the devices listed and the
+reason — so ``select_device("auto")`` passes them by. WebGPU runs on Vulkan, Metal or D3D12 adapters; its probe
+(imported from uaii.backends.webgpu, which imports ``wgpu`` only when it enumerates) says "not installed" without
+the package. :func:`vulkan_memory` reads a Vulkan device's local heap, the device memory WebGPU does not report.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import ctypes
 import ctypes.util
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from uaii.backends.base import BackendBase, DeviceStatus
+from uaii.backends.webgpu.backend import WebGpuBackend
 
 NO_EXECUTOR = "the {name} backend is a device probe only in this release (no GPU executor is built)"
 
@@ -112,6 +116,79 @@ class _VkInstanceCreateInfo(ctypes.Structure):
 
 
 VK_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
+VK_LIBS = ("libvulkan.so.1", "libvulkan.so", "vulkan-1.dll", "libvulkan.1.dylib")
+VK_HEAP_DEVICE_LOCAL = 1
+
+
+@dataclass(frozen=True)
+class VkDevice:
+    """A Vulkan physical device: its index, name, type (VK_TYPES), PCI ids and device-local bytes (0: not read)."""
+
+    index: int
+    name: str
+    type: int
+    vendor_id: int
+    device_id: int
+    local_bytes: int = 0
+
+
+def device_local_bytes(raw: bytes) -> int:
+    """The largest device-local heap of a ``VkPhysicalDeviceMemoryProperties`` (memoryTypeCount at 0, 32 types of
+    8 bytes, memoryHeapCount at 260, 16 heaps of {u64 size, u32 flags, pad} from 264)."""
+    n = min(int.from_bytes(raw[260:264], "little"), 16)
+    best = 0
+    for h in range(n):
+        off = 264 + 16 * h
+        if int.from_bytes(raw[off + 8:off + 12], "little") & VK_HEAP_DEVICE_LOCAL:
+            best = max(best, int.from_bytes(raw[off:off + 8], "little"))
+    return best
+
+
+def _vk_devices(lib: ctypes.CDLL, with_memory: bool = False) -> tuple[list[VkDevice], str]:
+    """Every physical device of a Vulkan instance, or why there is no instance."""
+    info = _VkInstanceCreateInfo(sType=1)  # VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
+    instance = ctypes.c_void_p()
+    rc = lib.vkCreateInstance(ctypes.byref(info), None, ctypes.byref(instance))
+    if rc != 0:
+        return [], f"vkCreateInstance failed with VkResult {rc} (no Vulkan driver / ICD)"
+    try:
+        count = ctypes.c_uint32(0)
+        lib.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
+        handles = (ctypes.c_void_p * max(count.value, 1))()
+        lib.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
+        found = []
+        for i in range(count.value):
+            props = ctypes.create_string_buffer(4096)  # VkPhysicalDeviceProperties is < 1 KiB
+            lib.vkGetPhysicalDeviceProperties(ctypes.c_void_p(handles[i]), props)
+            raw = props.raw
+            local = 0
+            if with_memory:
+                mem = ctypes.create_string_buffer(1024)  # VkPhysicalDeviceMemoryProperties is 520 bytes
+                lib.vkGetPhysicalDeviceMemoryProperties(ctypes.c_void_p(handles[i]), mem)
+                local = device_local_bytes(mem.raw)
+            found.append(VkDevice(i, raw[20:276].split(b"\0", 1)[0].decode(errors="replace"),
+                                  int.from_bytes(raw[16:20], "little"), int.from_bytes(raw[8:12], "little"),
+                                  int.from_bytes(raw[12:16], "little"), local))
+    finally:
+        lib.vkDestroyInstance(instance, None)
+    return found, ""
+
+
+def vulkan_memory(vendor_id: int, device_id: int, name: str) -> int:
+    """Device-local bytes of the Vulkan device with these PCI ids and this name, 0 when there is no Vulkan loader
+    or no such device. WebGPU reports no memory size (its max-buffer-size is a per-buffer cap, 2 GiB on Linux
+    whatever the card), so the WebGPU backend asks Vulkan for the adapter it runs on. Never raises."""
+    try:
+        lib, _ = _load(VK_LIBS)
+        if lib is None:
+            return 0
+        devices, _ = _vk_devices(lib, with_memory=True)
+    except Exception:  # a memory query must not take the process down with it
+        return 0
+    for d in devices:
+        if (d.vendor_id, d.device_id, d.name) == (vendor_id, device_id, name):
+            return d.local_bytes
+    return 0
 
 
 class VulkanBackend(GpuProbeBackend):
@@ -119,31 +196,15 @@ class VulkanBackend(GpuProbeBackend):
     sdk = "the Vulkan loader (libvulkan.so.1)"
 
     def enumerate(self) -> tuple[list[str], str]:
-        lib, err = _load(("libvulkan.so.1", "libvulkan.so", "vulkan-1.dll", "libvulkan.1.dylib"))
+        lib, err = _load(VK_LIBS)
         if lib is None:
             return [], f"{self.sdk} is not installed ({err})"
-        info = _VkInstanceCreateInfo(sType=1)  # VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
-        instance = ctypes.c_void_p()
-        rc = lib.vkCreateInstance(ctypes.byref(info), None, ctypes.byref(instance))
-        if rc != 0:
-            return [], f"vkCreateInstance failed with VkResult {rc} (no Vulkan driver / ICD)"
-        try:
-            count = ctypes.c_uint32(0)
-            lib.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
-            handles = (ctypes.c_void_p * max(count.value, 1))()
-            lib.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
-            names: list[str] = []
-            software: list[str] = []
-            for i in range(count.value):
-                props = ctypes.create_string_buffer(4096)  # VkPhysicalDeviceProperties is < 1 KiB
-                lib.vkGetPhysicalDeviceProperties(ctypes.c_void_p(handles[i]), props)
-                dev_type = int.from_bytes(props.raw[16:20], "little")
-                name = props.raw[20:276].split(b"\0", 1)[0].decode(errors="replace")
-                (software if dev_type == 4 else names).append(f"vulkan:{i} {name} ({VK_TYPES.get(dev_type)})")
-        finally:
-            lib.vkDestroyInstance(instance, None)
-        why = "no physical Vulkan device" + (f"; software only: {', '.join(software)}" if software else "")
-        return names, why
+        devices, why = _vk_devices(lib)
+        if why:
+            return [], why
+        names = [f"vulkan:{d.index} {d.name} ({VK_TYPES.get(d.type)})" for d in devices if d.type != 4]
+        software = [f"vulkan:{d.index} {d.name} ({VK_TYPES.get(d.type)})" for d in devices if d.type == 4]
+        return names, "no physical Vulkan device" + (f"; software only: {', '.join(software)}" if software else "")
 
 
 class MetalBackend(GpuProbeBackend):
@@ -162,28 +223,10 @@ class MetalBackend(GpuProbeBackend):
         return (["metal:0 system default device"] if dev else []), "MTLCreateSystemDefaultDevice returned nil"
 
 
-class WebGpuBackend(GpuProbeBackend):
-    name = "webgpu"
-    sdk = "wgpu-native (the `wgpu` Python package)"
-
-    def enumerate(self) -> tuple[list[str], str]:
-        try:
-            import wgpu
-        except ImportError:
-            return [], f"{self.sdk} is not installed"
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        if adapter is None:
-            return [], "wgpu found no adapter"
-        info = dict(getattr(adapter, "info", {}) or {})
-        if str(info.get("adapter_type", "")).lower() == "cpu":
-            return [], f"only a software adapter: {info.get('device', '?')}"
-        return [f"webgpu:0 {info.get('device', 'adapter')} ({info.get('backend_type', '?')})"], ""
-
-
-GPU_BACKENDS: dict[str, Callable[[], GpuProbeBackend]] = {
+GPU_BACKENDS: dict[str, Callable[[], BackendBase]] = {
     "cuda": CudaBackend, "rocm": RocmBackend, "metal": MetalBackend, "vulkan": VulkanBackend,
     "webgpu": WebGpuBackend,
 }
 
-__all__ = ["GPU_BACKENDS", "CudaBackend", "GpuProbeBackend", "MetalBackend", "RocmBackend", "VulkanBackend",
-           "WebGpuBackend"]
+__all__ = ["GPU_BACKENDS", "VK_TYPES", "CudaBackend", "GpuProbeBackend", "MetalBackend", "RocmBackend", "VkDevice",
+           "VulkanBackend", "WebGpuBackend", "device_local_bytes", "vulkan_memory"]

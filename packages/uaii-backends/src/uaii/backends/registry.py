@@ -76,7 +76,9 @@ def list_backends() -> list[tuple[str, DeviceStatus]]:
 
 def select_device(device: str = "auto") -> Any:
     """The backend to run on. ``"auto"``: the first available native GPU backend, else the CPU — the fallback
-    is logged (a warning with every GPU backend's reason), never silent. A named device must be available."""
+    is logged (a warning with every GPU backend's reason), never silent. A software device (lavapipe, SwiftShader)
+    is never chosen by ``"auto"``, whatever the opt-in: it runs only when named (``"webgpu"`` with
+    ``UAII_ALLOW_SOFTWARE_GPU=1`` or ``--allow-software-adapter``). A named device must be available."""
     key = (device or "auto").strip().lower()
     if key != "auto":
         backend = get_backend(key.split(":", 1)[0])
@@ -90,15 +92,14 @@ def select_device(device: str = "auto") -> Any:
         if getattr(backend, "kind", "cpu") != "gpu":
             continue
         status = backend.probe()
-        if status.available:
+        if status.available and not status.software:
             log.info("device auto: using %s (%s)", name, ", ".join(status.devices))
             return backend
-        reasons.append(f"{name}: {status.reason}")
+        reasons.append(f"{name}: " + (status.reason if not status.available else
+                                      f"only a software adapter ({', '.join(status.devices)}), which auto never "
+                                      f"picks; --device {name} runs on it"))
     log.warning("device auto: no usable GPU backend, falling back to cpu (%s)", "; ".join(reasons))
     return get_backend("cpu")
-
-
-
 
 
 __all__ = ["ENTRY_POINT_GROUP", "LISTED", "backend_names", "get_backend", "list_backends", "select_device"]

@@ -46,6 +46,13 @@ def cast() -> list[Case]:
     b = Builder("Cast", "q8_0_f32")
     w = b.weight("w", "q8_0", (4, 64))
     out.append(b.case([w], [("y", "f32", (4, 64))], F32, to="f32"))
+    for name, src, dst in (("f32_u8", "f32", "u8"), ("f32_bool", "f32", "bool"), ("i64_bool", "i64", "bool")):
+        b = Builder("Cast", name)
+        x = b.input("x", src, (3, 7), low=-300.0, high=300.0)
+        out.append(b.case([x], [("y", dst, (3, 7))], 0.0, to=dst))
+    b = Builder("Cast", "q4_k_f16")
+    w = b.weight("w", "q4_k", (2, 256))
+    out.append(b.case([w], [("y", "f16", (2, 256))], F32, to="f16"))
     return out
 
 
@@ -79,6 +86,10 @@ def matmul() -> list[Case]:
             a, w = b.input("a", "f32", (rows, 256)), b.weight("w", qt, (32, 256))
             out.append(b.case([a, w], [("y", "f32", (rows, 32))], Q8_ACT if qt != "f16" else 1e-3,
                               transpose_b=True))
+    for qt in ("q4_1", "q5_0", "bf16"):
+        b = Builder("MatMul", f"{qt}_m3")
+        a, w = b.input("a", "f32", (3, 64)), b.weight("w", qt, (24, 64))
+        out.append(b.case([a, w], [("y", "f32", (3, 24))], Q8_ACT if qt != "bf16" else 1e-3, transpose_b=True))
     b = Builder("MatMul", "kn_weight")
     a, w = b.input("a", "f32", (3, 16)), b.weight("w", "f32", (16, 24))
     out.append(b.case([a, w], [("y", "f32", (3, 24))]))
@@ -94,6 +105,9 @@ def matmul() -> list[Case]:
         w = b.weight("w", "f32", (6, 8) if attrs else (8, 6))
         c = b.input("c", "f32", (6,))
         out.append(b.case([a, w, c], [("y", "f32", (4, 6))], params=attrs))
+    b = Builder("Gemm", "q8_0_bias")
+    a, w, c = b.input("a", "f32", (3, 64)), b.weight("w", "q8_0", (16, 64)), b.input("c", "f32", (3, 1))
+    out.append(b.case([a, w, c], [("y", "f32", (3, 16))], Q8_ACT, transB=True, alpha=0.5, beta=2.0))
     for qt in ("f32", "q8_0"):
         for rows in (1, 6):
             b = Builder("GroupedMatMul", f"{qt}_m{rows}")
@@ -201,7 +215,8 @@ def movement() -> list[Case]:
 
 def indexing() -> list[Case]:
     out = []
-    for name, dt, rows in (("f32", "f32", 1), ("q8_0", "q8_0", 5), ("q4_k", "q4_k", 3), ("f16", "f16", 4)):
+    for name, dt, rows in (("f32", "f32", 1), ("q8_0", "q8_0", 5), ("q4_k", "q4_k", 3), ("f16", "f16", 4),
+                           ("q4_0", "q4_0", 2), ("q6_k", "q6_k", 3), ("bf16", "bf16", 2)):
         b = Builder("Embedding", name)
         ids = b.input("ids", "i64", (rows,), value=b.rng.integers(0, 16, size=rows).astype(np.int64))
         t = b.weight("table", dt, (16, 256))
@@ -213,6 +228,11 @@ def indexing() -> list[Case]:
         x = b.input("x", "f32", shape)
         i = b.input("i", "i64", (np.asarray(idx).shape), value=np.asarray(idx, np.int64))
         out.append(b.case([x, i], [("y", "f32", oshape)], 0.0, axis=axis))
+    for name, dt, odt in (("q4_0_rows", "q4_0", "q4_0"), ("f16_weight_rows", "f16", "f16")):
+        b = Builder("Gather", name)
+        x = b.weight("x", dt, (6, 32))
+        i = b.input("i", "i64", (2, 2), value=np.array([[1, -1], [0, 2]], np.int64))
+        out.append(b.case([x, i], [("y", odt, (2, 2, 32))], 0.0, axis=0))
     return out
 
 
@@ -236,6 +256,10 @@ def rope() -> list[Case]:
             rot = 16
             ins.append(b.weight("ff", "f32", (rot // 2,), low=1.0, high=4.0))
         out.append(b.case(ins, [("y", "f32", (t, 3, 16))], 1e-4, params=attrs))
+    b = Builder("RoPE", "batched_positions")  # [batch, seq] positions over [batch, seq, heads, dim]
+    x = b.input("x", "f32", (2, 4, 3, 16))
+    pos = b.input("pos", "i64", (2, 4), value=b.rng.integers(0, 5000, size=(2, 4)).astype(np.int64))
+    out.append(b.case([x, pos], [("y", "f32", (2, 4, 3, 16))], 1e-4, mode="neox", rotary_dims=12))
     return out
 
 
@@ -259,6 +283,18 @@ def attention() -> list[Case]:
         m = b.rng.random((2, 4, 4)) > 0.3 if mdt == "bool" else b.rng.normal(size=(2, 4, 4)).astype(np.float32)
         mask = b.input("mask", mdt, (2, 4, 4), value=m)
         out.append(b.case([q, k, v, "", "", mask], [("y", "f32", (4, 2, 8))], 1e-4, causal=False))
+    b = Builder("Attention", "batched_mask")  # leading batch dims, a mask broadcast over them and the queries
+    q = b.input("q", "f32", (2, 3, 4, 8))
+    k, v = b.input("k", "f32", (2, 3, 2, 8)), b.input("v", "f32", (2, 3, 2, 8))
+    pk, pv = b.input("past_k", "f32", (2, 2, 2, 8)), b.input("past_v", "f32", (2, 2, 2, 8))
+    mask = b.input("mask", "bool", (4, 1, 5), value=b.rng.random((4, 1, 5)) > 0.3)
+    out.append(b.case([q, k, v, pk, pv, mask], [("y", "f32", (2, 3, 4, 8)), ("present_k", "f32", (2, 5, 2, 8)),
+                                                ("present_v", "f32", (2, 5, 2, 8))], 1e-4, n_heads=4, n_kv_heads=2))
+    b = Builder("Attention", "long_past")  # a decode step over more keys than one workgroup's chunk
+    q, k, v = b.input("q", "f32", (1, 4, 16)), b.input("k", "f32", (1, 2, 16)), b.input("v", "f32", (1, 2, 16))
+    pk, pv = b.input("past_k", "f32", (300, 2, 16)), b.input("past_v", "f32", (300, 2, 16))
+    out.append(b.case([q, k, v, pk, pv], [("y", "f32", (1, 4, 16))], 1e-4, n_heads=4, n_kv_heads=2,
+                      sliding_window=200, sinks=3, softcap=20.0))
     out.append(_cached_attention())
     return out
 

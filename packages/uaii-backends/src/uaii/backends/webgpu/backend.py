@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from uaii.backends.analysis import node_infos
 from uaii.backends.base import (
     BackendBase,
+    BackendError,
     BackendUnavailable,
     Capabilities,
     DeviceStatus,
@@ -19,6 +20,8 @@ from uaii.ir import Graph, Node
 from uaii.ir.plan import ExecutionPlan
 
 WEIGHT_DTYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"})
+KV_DTYPES = frozenset({"f32", "f16"})
+"""Element types of the device KV state (kv_state.py's GpuKVState)."""
 
 
 class WebGpuBackend(BackendBase):
@@ -39,14 +42,29 @@ class WebGpuBackend(BackendBase):
             return DeviceStatus(False, exc.reason)
         except Exception as exc:  # a probe never raises
             return DeviceStatus(False, f"probe failed: {type(exc).__name__}: {exc}")
-        return DeviceStatus(True, "", [info.describe()])
+        return DeviceStatus(True, "", [info.describe()], software=info.software)
 
     @property
     def capabilities(self) -> Capabilities:
+        """Streams the weights named in ``streamed`` (uploaded before the node that reads them); ``device_memory``
+        is the chosen adapter's (:attr:`AdapterInfo.device_memory`; 0 when no adapter can be used, and then
+        ``compile`` fails anyway); KV states in device buffers (kv_state.py)."""
         from uaii.backends.webgpu.ops import LOWERINGS
 
         return Capabilities(activation_dtypes=frozenset({"f32", "f16", "bf16", "i32", "i64"}),
-                            weight_dtypes=WEIGHT_DTYPES, ops=frozenset(LOWERINGS))
+                            weight_dtypes=WEIGHT_DTYPES, ops=frozenset(LOWERINGS), streams_weights=True,
+                            kv_dtypes=KV_DTYPES, kv_positions=frozenset({"absolute", "cache"}), kv_window=True,
+                            device_memory=self.device_memory())
+
+    def device_memory(self) -> int:
+        """Bytes of memory of the adapter this backend runs on (0: none it may use)."""
+        from uaii.backends.webgpu.device import choose
+
+        try:
+            info, _ = choose(self.allow_software)
+        except Exception:  # unavailable: the probe says why
+            return 0
+        return info.device_memory
 
     def unsupported_reason(self, node: Node) -> str | None:
         from uaii.backends.webgpu.ops import LOWERINGS
@@ -56,11 +74,23 @@ class WebGpuBackend(BackendBase):
         return f"op {node.op!r} is not implemented by the webgpu backend"
 
     def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource, *, max_tokens: int = 0,
-                kv_state: bool = True, streamed: Collection[str] = (), **_: Any) -> Any:
+                kv_state: bool = True, memory_reuse: bool = True, streamed: Collection[str] = (),
+                prefetch_order: Sequence[str] = (), expert_cache: Any = None, chunk_bytes: int = 0,
+                **options: Any) -> Any:
+        """Upload the weights (those in ``streamed`` are uploaded before each node that reads them, in shards of at
+        most ``chunk_bytes``), compile the kernels and size the arena for ``max_tokens``. ``prefetch_order`` needs
+        nothing more: uploads happen in step order, which is the plan's order. The arena always reuses memory
+        (``memory_reuse`` is accepted for the contract). The host expert cache does not apply to a device: banks
+        stream shard by shard instead, so an ``expert_cache`` is an error."""
         from uaii.backends.webgpu.device import open_device
         from uaii.backends.webgpu.executable import WebGpuExecutable
         from uaii.backends.webgpu.ops import LOWERINGS
 
+        if options:
+            raise BackendError(f"[backend] webgpu: compile does not take the options {', '.join(sorted(options))}")
+        if expert_cache is not None:
+            raise BackendError("[backend] webgpu: an expert cache is a host-memory structure; the device streams "
+                               "expert banks shard by shard (compile without expert_cache)")
         if plan is not None:
             graph = plan_graph(graph, plan)
         problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
@@ -68,8 +98,9 @@ class WebGpuBackend(BackendBase):
             raise UnsupportedOpError(self.name, problems)
         dev = open_device(self.allow_software)
         tokens = max_tokens or (plan.arena.max_tokens if plan is not None else 0) or 512
-        return WebGpuExecutable(graph, node_infos(graph), weights, dev, lowerings=LOWERINGS, max_tokens=tokens,
-                                kv_state=kv_state, streamed=streamed)
-
+        exe = WebGpuExecutable(graph, node_infos(graph), weights, dev, lowerings=LOWERINGS, max_tokens=tokens,
+                               kv_state=kv_state, streamed=streamed, chunk_bytes=chunk_bytes)
+        exe.prepare()
+        return exe
 
 __all__ = ["WebGpuBackend"]

@@ -24,30 +24,67 @@ MAX_BINDING_ENV = "UAII_WEBGPU_MAX_BINDING"
 ADAPTER_ENV = "UAII_WEBGPU_ADAPTER"
 SOFTWARE_NAMES = ("llvmpipe", "lavapipe", "softpipe", "swiftshader", "microsoft basic render")
 COMPUTE_BACKENDS = ("Vulkan", "Metal", "D3D12")
-"""Adapter backends that run compute shaders well; OpenGL adapters are listed but never chosen."""
+"""Adapter backends that run compute shaders well: the only ones wgpu's instance is asked to enumerate
+(:func:`_compute_instance`)."""
+INSTANCE_BACKENDS = ("Vulkan", "Metal", "DX12")  # the same, as wgpu-native's instance flags spell them
+
+
+KEY_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
+              "max-compute-workgroup-storage-size")
+"""The limits ``uaii devices`` shows: what decides sharding (binding size), kernel shape and the device budget."""
+KEY_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 
 
 @dataclass(frozen=True)
 class AdapterInfo:
-    """One adapter as ``uaii devices`` lists it."""
+    """One adapter as ``uaii devices`` lists it. ``memory``: device-local bytes its driver reports (Vulkan only,
+    through :func:`uaii.backends.gpu.vulkan_memory`; 0 unknown)."""
 
     index: int
     name: str
     vendor: str
-    backend: str  # Vulkan, Metal, D3D12, OpenGL
+    backend: str  # Vulkan, Metal, D3D12 (OpenGL: an instance someone else created)
     adapter_type: str  # DiscreteGPU, IntegratedGPU, CPU, ...
     driver: str
     software: bool
     limits: dict[str, int] = field(default_factory=dict)
     features: frozenset[str] = frozenset()
+    vendor_id: int = 0
+    device_id: int = 0
+    memory: int = 0
 
     @property
     def usable(self) -> bool:
         return self.backend in COMPUTE_BACKENDS
 
+    @property
+    def device_memory(self) -> int:
+        """Bytes of device memory to plan with: what the driver reports, else the largest buffer the adapter
+        allows (a lower bound: WebGPU has no memory query)."""
+        return self.memory or int(self.limits.get("max-buffer-size", 0))
+
     def describe(self) -> str:
         soft = ", software" if self.software else ""
         return f"webgpu:{self.index} {self.name} ({self.backend}, {self.adapter_type or 'unknown type'}{soft})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """What ``uaii devices --json`` prints for the adapter."""
+        return {"index": self.index, "name": self.name, "backend": self.backend, "vendor": self.vendor,
+                "type": self.adapter_type, "software": self.software, "usable": self.usable, "driver": self.driver,
+                "memory_bytes": self.memory, "device_memory_bytes": self.device_memory,
+                "limits": {k: self.limits[k] for k in KEY_LIMITS if k in self.limits},
+                "features": [f for f in KEY_FEATURES if f in self.features]}
+
+
+def adapter_info(index: int, info: dict[str, Any], limits: dict[str, Any], features: Any,
+                 memory: int = 0) -> AdapterInfo:
+    """An :class:`AdapterInfo` from what wgpu reports (``adapter.info``, ``adapter.limits``, ``adapter.features``)."""
+    return AdapterInfo(
+        index=index, name=str(info.get("device", "") or "adapter"), vendor=str(info.get("vendor", "")),
+        backend=str(info.get("backend_type", "")), adapter_type=str(info.get("adapter_type", "")),
+        driver=str(info.get("description", "")), software=is_software(info),
+        limits={str(k): int(v) for k, v in dict(limits).items()}, features=frozenset(str(f) for f in features),
+        vendor_id=int(info.get("vendor_id", 0) or 0), device_id=int(info.get("device_id", 0) or 0), memory=memory)
 
 
 def software_allowed(explicit: bool | None = None) -> bool:
@@ -64,13 +101,42 @@ def is_software(info: dict[str, Any]) -> bool:
     return kind == "cpu" or any(s in text for s in SOFTWARE_NAMES)
 
 
+def _quiet_mesa() -> None:
+    """Give Mesa's window-system code the ``XDG_RUNTIME_DIR`` it looks for (a private directory of this user under
+    the temporary directory) when the environment has none: enumerating adapters otherwise prints "error:
+    XDG_RUNTIME_DIR is invalid or not set" four times on stderr of a headless machine, although compute needs no
+    window system."""
+    current = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not current or not os.path.isdir(current):
+        import tempfile
+
+        path = os.path.join(tempfile.gettempdir(), f"uaii-xdg-{os.getuid() if hasattr(os, 'getuid') else 0}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = path
+
+
 def _wgpu() -> Any:
+    _quiet_mesa()
     try:
         import wgpu
     except ImportError as exc:
         raise BackendUnavailable("webgpu", "the `wgpu` package is not installed (pip install "
                                  "'uaii-backends[webgpu]')") from exc
+    _compute_instance()
     return wgpu
+
+
+def _compute_instance() -> None:
+    """Ask wgpu-native for an instance of the compute backends only (before it creates its one instance): an
+    OpenGL adapter is never used, and enumerating Mesa's (EGL + llvmpipe) loads a second LLVM into the process —
+    importing torch's models afterwards then crashes the interpreter (seen with Mesa 22.3.6). Too late when
+    something else in the process created the instance first: that is kept."""
+    try:
+        from wgpu.backends.wgpu_native.extras import set_instance_extras
+
+        set_instance_extras(backends=list(INSTANCE_BACKENDS))
+    except Exception:  # another wgpu version or backend: enumerate what it enumerates
+        pass
 
 
 _adapters: list[tuple[AdapterInfo, Any]] | None = None
@@ -82,15 +148,16 @@ def _enumerate() -> list[tuple[AdapterInfo, Any]]:
     with _lock:
         if _adapters is None:
             wgpu = _wgpu()
+            from uaii.backends.gpu import vulkan_memory
+
             found = []
             for i, a in enumerate(wgpu.gpu.enumerate_adapters_sync()):
                 info = dict(a.info)
-                found.append((AdapterInfo(
-                    index=i, name=str(info.get("device", "") or "adapter"), vendor=str(info.get("vendor", "")),
-                    backend=str(info.get("backend_type", "")), adapter_type=str(info.get("adapter_type", "")),
-                    driver=str(info.get("description", "")), software=is_software(info),
-                    limits={k: int(v) for k, v in dict(a.limits).items()},
-                    features=frozenset(str(f) for f in a.features)), a))
+                memory = 0
+                if info.get("backend_type") == "Vulkan":
+                    memory = vulkan_memory(int(info.get("vendor_id", 0) or 0), int(info.get("device_id", 0) or 0),
+                                           str(info.get("device", "")))
+                found.append((adapter_info(i, info, dict(a.limits), a.features, memory), a))
             _adapters = found
         return list(_adapters)
 
@@ -199,5 +266,5 @@ def open_device(allow_software: bool | None = None) -> GpuDevice:
         return dev
 
 
-__all__ = ["ADAPTER_ENV", "ALLOW_SOFTWARE_ENV", "MAX_BINDING_ENV", "AdapterInfo", "GpuDevice", "adapters", "choose",
-           "is_software", "open_device", "software_allowed"]
+__all__ = ["ADAPTER_ENV", "ALLOW_SOFTWARE_ENV", "KEY_FEATURES", "KEY_LIMITS", "MAX_BINDING_ENV", "AdapterInfo",
+           "GpuDevice", "adapter_info", "adapters", "choose", "is_software", "open_device", "software_allowed"]

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from uaii.backends.analysis import NodeInfo, VType, infer_types
-from uaii.backends.base import BackendError, WeightSource, weight_key
+from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
 from uaii.backends.webgpu.device import GpuDevice
 from uaii.backends.webgpu.lower import GpuWeight, Lower, Shard
 from uaii.backends.webgpu.program import (
@@ -32,7 +33,8 @@ from uaii.backends.webgpu.program import (
     pack_params,
     to_device,
 )
-from uaii.ir import Graph
+from uaii.ir import Graph, UaiiError
+from uaii.storage import rows_ref
 
 MAX_BINDINGS = 8
 VIEW_OPS = frozenset({"Reshape", "Identity"})
@@ -53,12 +55,13 @@ class WebGpuExecutable:
 
     def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: GpuDevice, *,
                  lowerings: Mapping[str, Any], max_tokens: int = 512, kv_state: bool = True,
-                 streamed: Collection[str] = ()) -> None:
+                 streamed: Collection[str] = (), chunk_bytes: int = 0) -> None:
         self.graph = graph
         self.infos = infos
         self.dev = dev
         self.lowerings = lowerings
         self.max_tokens = max(int(max_tokens), 1)
+        self.chunk_bytes = max(int(chunk_bytes), 0)  # the largest shard of a streamed weight (0: one binding)
         self._source = weights
         tmap = graph.tensor_map
         self.weight_names = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
@@ -72,7 +75,7 @@ class WebGpuExecutable:
         self._tmap = tmap
         from uaii.backends.webgpu.kv import find_kv
 
-        self.kv = find_kv(graph, infos) if kv_state else None
+        self.kv = find_kv(graph) if kv_state else None
         stateful = self.kv.values if self.kv is not None else frozenset()
         self.input_names = tuple(n for n in graph.inputs if n not in stateful)
         self.output_names = tuple(n for n in graph.outputs if n not in stateful)
@@ -122,19 +125,22 @@ class WebGpuExecutable:
         self.weight_bytes += buf.size
         return Region(buf, 0, raw.nbytes)
 
-    def packed_weight(self, name: str, node: str) -> tuple[GpuWeight, list[Upload]]:
-        """The weight in its stored encoding, sharded by rows; for a streamed weight also the upload ops."""
+    def packed_weight(self, name: str, node: str, slot: int = 0) -> tuple[GpuWeight, list[Upload]]:
+        """The weight in its stored encoding, sharded by rows. A streamed weight's shards are regions of staging
+        buffer ``slot`` (one buffer per streamed weight a node reads), with one upload op per shard that the
+        lowering context places right before the first dispatch reading that shard (see Lower.dispatch)."""
         t = self._tmap[name]
         shape = tuple(int(d) for d in t.shape)
-        w = self._packed.get(name)
         if name in self.streamed:
+            key = f"{name}\0{slot}"
+            w = self._packed.get(key)
             if w is None:
-                w = self._packed[name] = self._staged(name, shape)
-            return w, [Upload(node, weight_key(t), s.region, lambda name=name, s=s, w=w: self._rows(name, w, s))
-                       for s in w.shards]
+                w = self._packed[key] = self._staged(name, shape, slot)
+            staged = w
+            return w, [Upload(node, weight_key(t), s.region, partial(self._rows, name, staged, s)) for s in w.shards]
+        w = self._packed.get(name)
         if w is None:
-            raw = self._host(name)
-            flat = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+            flat = self._packed_bytes(name)
             need = t.dtype.nbytes(int(np.prod(shape, dtype=np.int64)))
             if flat.size != need:
                 raise BackendError(f"[backend] webgpu: weight {name!r}: {flat.size} bytes, a {t.dtype.value} tensor "
@@ -146,13 +152,31 @@ class WebGpuExecutable:
             w = self._packed[name] = GpuWeight(name, t.dtype, shape, tuple(shards))
         return w, []
 
-    def _row_splits(self, dtype: Any, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    def _packed_bytes(self, name: str) -> np.ndarray:
+        """A weight's stored bytes, flat. An expert bank stored as one tensor per expert (HF checkpoints: a
+        ``experts.*`` reference the store cannot serve whole) is read expert by expert (``#e=N``), as the CPU does."""
+        t = self._tmap[name]
+        try:
+            return np.ascontiguousarray(self._host(name)).reshape(-1).view(np.uint8)
+        except UaiiError:
+            if t.weight is None or len(t.shape) != 3:
+                raise
+            self._acquired.discard(weight_key(t))
+        parts = []
+        for e in range(int(t.shape[0])):
+            ref = str(t.weight.with_expert(e))
+            self._acquired.add(ref)
+            parts.append(np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8))
+        return np.concatenate(parts)
+
+    def _row_splits(self, dtype: Any, shape: tuple[int, ...], limit: int = 0) -> list[tuple[int, int]]:
+        """Rows [start, stop) of each shard: as many whole rows (axis 0) as fit ``limit`` bytes (default: one
+        storage binding). A 1-D weight is one shard."""
         rows = shape[0] if shape else 1
-        row_bytes = max(1, dtype.nbytes(int(np.prod(shape[1:], dtype=np.int64)))) if len(shape) > 1 else \
-            dtype.nbytes(1) if not dtype.is_quantized else dtype.nbytes(int(np.prod(shape)))
         if len(shape) <= 1:
             return [(0, rows)]
-        per = max(1, self.dev.max_binding // row_bytes)
+        row_bytes = max(1, dtype.nbytes(int(np.prod(shape[1:], dtype=np.int64))))
+        per = max(1, min(limit or self.dev.max_binding, self.dev.max_binding) // row_bytes)
         return [(s, min(rows, s + per)) for s in range(0, rows, per)]
 
     @staticmethod
@@ -162,28 +186,44 @@ class WebGpuExecutable:
         row = dtype.nbytes(int(np.prod(shape[1:], dtype=np.int64)))
         return start * row, stop * row
 
-    def _staged(self, name: str, shape: tuple[int, ...]) -> GpuWeight:
-        """Staging regions for a streamed weight: one buffer per shard position, shared by every streamed weight
-        (a later upload overwrites them only after the work that read them was submitted)."""
+    def _staged(self, name: str, shape: tuple[int, ...], slot: int) -> GpuWeight:
+        """A streamed weight as shards of at most ``chunk_bytes`` (and one binding), all in staging buffer ``slot``:
+        the shards take turns in it, each uploaded after the work that read the previous one was submitted."""
         t = self._tmap[name]
-        shards = []
-        for i, (start, stop) in enumerate(self._row_splits(t.dtype, shape)):
-            lo, hi = self._byte_range(t.dtype, shape, start, stop)
-            while len(self._staging) <= i:
-                self._staging.append(None)
-            buf = self._staging[i]
-            if buf is None or buf.size < hi - lo:
-                buf = self._staging[i] = self.dev.buffer(max(hi - lo, self.dev.max_binding if i else hi - lo))
-            shards.append(Shard(start, stop, Region(buf, 0, hi - lo)))
+        splits = self._row_splits(t.dtype, shape, self.chunk_bytes)
+        spans = [self._byte_range(t.dtype, shape, a, b) for a, b in splits]
+        need = max(hi - lo for lo, hi in spans)
+        while len(self._staging) <= slot:
+            self._staging.append(None)
+        buf = self._staging[slot]
+        if buf is None or buf.size < need:
+            buf = self._staging[slot] = self.dev.buffer(need)
+            self._bindings.clear()  # bindings over the smaller buffer are stale
         self._staging_bytes = sum(b.size for b in self._staging if b is not None)
-        return GpuWeight(name, t.dtype, shape, tuple(shards), streamed=True)
+        shards = tuple(Shard(a, b, Region(buf, 0, hi - lo)) for (a, b), (lo, hi) in zip(splits, spans, strict=True))
+        return GpuWeight(name, t.dtype, shape, shards, streamed=True)
 
     def _rows(self, name: str, w: GpuWeight, s: Shard) -> np.ndarray:
+        """The stored bytes of one shard of a streamed weight, read from the host store by rows (``@rows=``); a
+        bank stored as one tensor per expert is read expert by expert."""
         t = self._tmap[name]
         ref = weight_key(t)
-        data = np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8)
+        if t.weight is not None and len(w.shape) == 3 and "*" in ref:
+            parts = []
+            for e in range(s.start, s.stop):
+                one = str(t.weight.with_expert(e))
+                parts.append(np.ascontiguousarray(self._source.acquire(one)).reshape(-1).view(np.uint8).copy())
+                self._source.release(one)
+            return np.concatenate(parts)
+        whole = s.start == 0 and s.stop == w.rows
+        if t.weight is not None and not whole and len(w.shape) > 1:  # a file's tensor: the store reads the rows
+            key = rows_ref(ref, s.start, s.stop)
+            out = np.ascontiguousarray(self._source.acquire(key)).reshape(-1).view(np.uint8).copy()
+            self._source.release(key)
+            return out
+        data = np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8)  # caller-supplied arrays
         lo, hi = self._byte_range(t.dtype, w.shape, s.start, s.stop)
-        out = data[lo:hi].copy() if s.stop != w.rows or s.start else data
+        out = data[lo:hi].copy()
         self._source.release(ref)
         return out
 
@@ -284,12 +324,17 @@ class WebGpuExecutable:
             self._bindings[key] = binding
         q = self.dev.queue
         for name, region, dtype in binding.feeds:
-            q.write_buffer(region.buffer, region.offset, _padded(to_device(np.asarray(feeds[name]), dtype).view(np.uint8)))
+            data = to_device(np.asarray(feeds[name]), dtype).view(np.uint8)
+            if data.size:  # an empty feed (a past of 0 tokens) writes nothing; wgpu refuses empty writes
+                q.write_buffer(region.buffer, region.offset, _padded(data))
         if state is not None and binding.n_new:
             state.prepare(binding.n_new)
         self._execute(binding.program)
         out = {}
         for name, region, dtype, shape in binding.outputs:
+            if not int(np.prod(shape, dtype=np.int64)):
+                out[name] = np.zeros(shape, dtype.numpy)
+                continue
             raw = q.read_buffer(region.buffer, region.offset, -(-region.nbytes // 4) * 4)
             out[name] = from_device(raw, dtype, shape)
         if state is not None and binding.n_new:
@@ -321,13 +366,42 @@ class WebGpuExecutable:
         cpass.end()
         q.submit([enc.finish()])
 
-    def new_state(self, capacity: int, **options: Any) -> Any:
-        """A KV cache resident in device buffers (see kv.py)."""
+    def new_state(self, capacity: int, *, window: int = 0, sinks: int = 4, dtype: str = "f32",
+                  positions: str = "absolute") -> Any:
+        """A KV cache resident in device buffers (see kv_state.py): ``capacity`` tokens, or ``window + sinks``
+        slots when windowed. ``positions="cache"``: rotary positions are cache slots (StreamingLLM), which needs
+        every cached key to come out of a RoPE node fed by a graph input that only RoPE nodes read."""
         if self.kv is None:
             raise BackendError(f"[backend] graph {self.graph.name!r} keeps no KV cache")
-        from uaii.backends.webgpu.kv import GpuKVState
+        from uaii.backends.kv_book import key_ropes
+        from uaii.backends.webgpu.kv_state import GpuKVState
 
-        return GpuKVState(self.dev, self.kv.dims, capacity, **options)
+        slots = window + sinks if window else capacity
+        rotations = key_ropes(self.graph, self.infos, self.kv.layer, [dk for _, dk, _ in self.kv.dims],
+                              lambda n: to_device(self._host(n), self._tmap[n].dtype), self.weight_names) \
+            if positions == "cache" else ()
+        return GpuKVState(self.dev, self.kv.dims, slots, dtype=dtype, window=window, sinks=sinks,
+                          max_tokens=max(slots, 1), positions=positions, rotations=rotations)
+
+    def prepare(self) -> None:
+        """Bind once for ``max_tokens`` tokens at compile time when every symbolic feed dim is the token count, so
+        that weights are uploaded, pipelines compiled and the arena sized before the first run (and ``memory()``
+        reports them). A graph with a KV cache binds with a temporary state of ``max_tokens`` slots."""
+        tmap = self.graph.tensor_map
+        shapes = {}
+        for n in self.input_names:
+            dims = tmap[n].shape
+            if any(isinstance(d, str) and d != "seq" for d in dims):
+                return
+            shapes[n] = tuple(self.max_tokens if isinstance(d, str) else int(d) for d in dims)
+        state = self.new_state(self.max_tokens) if self.kv is not None else None
+        self._bind(shapes, state)  # the temporary state's buffers go with it; weights and the arena stay
+
+    def memory(self) -> ExecutableMemory:
+        """Device bytes this executable holds: the arena, the weights it uploaded and its staging buffers."""
+        per_token = sum(h * (dk + dv) * 4 for h, dk, dv in self.kv.dims) if self.kv is not None else 0
+        return ExecutableMemory(arena_bytes=self._arena_bytes, weight_bytes=self.weight_bytes,
+                                staging_bytes=self._staging_bytes, kv_bytes_per_token=per_token, device="device")
 
     def steps_for(self, shapes: Mapping[str, tuple[int, ...]], state: Any = None) -> int:
         """How many dispatches and uploads a run with these feed shapes executes."""

@@ -1,6 +1,7 @@
-"""The KV cache on the device: which Attention nodes keep their cache in a state, and the state itself.
+"""Which Attention nodes of a graph keep their KV cache in a state (the state itself, GpuKVState, is kv_state.py).
 
-(The state class, GpuKVState, is written in kv_state.py.)
+The analysis is uaii-ir's :func:`~uaii.ir.kvcache.kv_layers`, shared with the CPU backend and the runtime's budget;
+this module only arranges its answer the way the executable binds it.
 """
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from uaii.backends.analysis import NodeInfo, VType
+from uaii.backends.analysis import VType
 from uaii.ir import Graph, Tensor
+from uaii.ir.kvcache import kv_layers
 
 
 @dataclass
@@ -31,29 +33,15 @@ class KvLayout:
         return out
 
 
-def find_kv(graph: Graph, infos: list[NodeInfo]) -> KvLayout | None:
-    """The cached Attention layers: past K/V are graph inputs and present K/V graph outputs, unmasked."""
-    tmap = graph.tensor_map
+def find_kv(graph: Graph) -> KvLayout | None:
+    """The cached Attention layers of ``graph`` (see :func:`~uaii.ir.kvcache.kv_layers`), or None."""
     kv = KvLayout()
     values: set[str] = set()
-    for info in infos:
-        node = info.node
-        if node.op != "Attention" or len(node.inputs) < 5 or not node.inputs[3]:
-            continue
-        pk, pv = node.inputs[3], node.inputs[4]
-        outs = [*node.outputs, "", ""]
-        nk, nv = outs[1], outs[2]
-        if pk not in graph.inputs or pv not in graph.inputs or any(o and o not in graph.outputs for o in (nk, nv)):
-            continue
-        if len(node.inputs) > 5 and node.inputs[5]:
-            continue
-        ks, vs = tmap[pk].shape, tmap[pv].shape
-        if len(ks) != 3 or not all(isinstance(d, int) for d in (*ks[1:], vs[-1])):
-            continue
-        kv.layer[node.name] = len(kv.dims)
-        kv.dims.append((int(ks[1]), int(ks[2]), int(vs[2])))
-        kv.past[node.name] = (pk, pv)
-        values.update(x for x in (pk, pv, nk, nv) if x)
+    for layer in kv_layers(graph):
+        kv.layer[layer.node] = len(kv.dims)
+        kv.dims.append((layer.n_kv_heads, layer.k_dim, layer.v_dim))
+        kv.past[layer.node] = (layer.past_k, layer.past_v)
+        values.update(x for x in (layer.past_k, layer.past_v, layer.present_k, layer.present_v) if x)
     if not kv.dims:
         return None
     kv.values = frozenset(values)

@@ -11,7 +11,7 @@ import numpy as np
 
 from uaii.backends.analysis import NodeInfo, VType
 from uaii.backends.base import BackendError
-from uaii.backends.webgpu.program import Dispatch, Op, ParamsFn, Region, Scalar, pack_params, split_groups
+from uaii.backends.webgpu.program import Dispatch, Op, ParamsFn, Region, Scalar, Upload, pack_params, split_groups
 from uaii.ir import DType
 
 if TYPE_CHECKING:
@@ -62,6 +62,9 @@ class Lower:
         self.program: list[Op] = []
         self.keep: list[Any] = []
         self.node = ""
+        self._slots: dict[tuple[str, str], int] = {}
+        self._uploads: dict[int, Upload] = {}  # id(shard region) → its upload
+        self._loaded: dict[int, int] = {}  # id(staging buffer) → id(the shard region it holds now)
 
     # --- values --------------------------------------------------------------------------------------------
     def region(self, name: str) -> Region:
@@ -86,9 +89,13 @@ class Lower:
         return int(np.prod(self.types[name].shape, dtype=np.int64))
 
     def packed(self, name: str) -> GpuWeight:
-        """A weight in its stored encoding, sharded by rows; a streamed weight is uploaded right before the node."""
-        w, uploads = self.exe.packed_weight(name, self.node)
-        self.program.extend(uploads)
+        """A weight in its stored encoding, sharded by rows. A streamed weight's shards take turns in one staging
+        buffer: each is uploaded right before the first dispatch that binds it (:meth:`dispatch`), so a lowering
+        must dispatch shard by shard — binding two shards of one streamed weight at once is an error."""
+        slot = self._slots.setdefault((self.node, name), len([k for k in self._slots if k[0] == self.node]))
+        w, uploads = self.exe.packed_weight(name, self.node, slot)
+        for u in uploads:
+            self._uploads[id(u.region)] = u
         return w
 
     def const(self, info: NodeInfo, slot: int) -> np.ndarray | None:
@@ -116,9 +123,10 @@ class Lower:
             if r.nbytes > self.dev.max_binding:
                 raise BackendError(f"[backend] webgpu: node {self.node!r} binds {r.nbytes} bytes in one buffer, "
                                    f"more than the adapter's storage binding limit {self.dev.max_binding}")
+        self._stage(regions)
         pipeline = self.dev.pipeline(source, entry)
         refresh: Callable[[], Sequence[Scalar]] | None = params if callable(params) else None
-        first = refresh() if refresh is not None else params
+        first: Sequence[Scalar] = refresh() if refresh is not None else params  # type: ignore[assignment]
         ubuf = self.dev.buffer(len(pack_params(first)), storage=False, uniform=True)
         self.dev.queue.write_buffer(ubuf, 0, pack_params(first))
         entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
@@ -130,6 +138,23 @@ class Lower:
                                f"{exc}") from exc
         g = self.groups(groups) if isinstance(groups, int) else groups
         self.program.append(Dispatch(self.node, pipeline, group, g, ubuf, refresh))
+
+
+    def _stage(self, regions: Sequence[Region]) -> None:
+        """Upload the streamed shards ``regions`` bind that their staging buffers do not hold at this point."""
+        wanted: dict[int, Region] = {}
+        for r in regions:
+            if id(r) not in self._uploads:
+                continue
+            other = wanted.get(id(r.buffer))
+            if other is not None and other is not r:
+                raise BackendError(f"[backend] webgpu: node {self.node!r} binds two shards of one streamed weight in "
+                                   "one dispatch; they share a staging buffer")
+            wanted[id(r.buffer)] = r
+        for buf, r in wanted.items():
+            if self._loaded.get(buf) != id(r):
+                self.program.append(self._uploads[id(r)])
+                self._loaded[buf] = id(r)
 
 
 Lowering = Callable[[Lower, NodeInfo], None]

@@ -135,11 +135,12 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
             res = run_bench(session, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                             warmup=args.warmup)
         info = getattr(session, "model_info", None)
+        device = getattr(getattr(session, "backend", None), "name", None)  # the backend --device auto chose
     finally:
         session.close()
     res = {"model": str(path), "architecture": report.stat(info, "arch") or report.stat(info, "architecture"),
            "n_params": report.stat(info, "n_params"), "load_s": load_s, "n_threads": args.threads,
-           "preset": preset.name, "budget_bytes": preset.budget_bytes, **res}
+           "device": device, "preset": preset.name, "budget_bytes": preset.budget_bytes, **res}
     if args.json:
         report.print_json(res)
         return 0
@@ -147,6 +148,7 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("architecture", str(res["architecture"] or "-"))
+    table.add_row("device", str(device or "-"))
     table.add_row("load", report.seconds(load_s))
     table.add_row(f"prefill ({res['prompt_tokens']} tokens)", report.rate(res["prefill_tok_s"]))
     table.add_row(f"decode ({res['new_tokens']} tokens, greedy)", report.rate(res["decode_tok_s"]))

@@ -135,8 +135,19 @@ def add_model_argument(ap: argparse.ArgumentParser) -> None:
 
 
 def add_runtime_options(ap: argparse.ArgumentParser) -> None:
-    """--threads, --preset, --budget, the KV cache flags and --gemm: the Session options of run, chat and bench."""
+    """--threads, --preset, --budget, the KV cache flags, --gemm and the device flags (--device,
+    --allow-software-adapter, --gpu-budget): the Session options of run, chat and bench."""
     g = ap.add_argument_group("runtime")
+    g.add_argument("--device", default=None, metavar="NAME",
+                   help="backend to run on: cpu (default), webgpu, auto (the first GPU backend with a hardware "
+                        "device, else cpu, said on stderr) or a plugin's name; `uaii devices` lists them")
+    g.add_argument("--allow-software-adapter", action="store_true",
+                   help="let --device webgpu run on a software adapter (lavapipe, SwiftShader: correct and slow, for "
+                        "tests); sets UAII_ALLOW_SOFTWARE_GPU=1. --device auto never picks one")
+    g.add_argument("--gpu-budget", metavar="BYTES", default=None,
+                   help="device memory for weights, activations and KV cache of a GPU backend, e.g. 4GiB; the weights "
+                        "that do not fit stream from the host before each use (default: 80%% of the memory the "
+                        "device reports)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="CPU threads (default: the runtime's choice)")
     g.add_argument("--preset", choices=presets.PRESET_NAMES, default=None,
@@ -182,8 +193,27 @@ def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str,
         preset = replace(preset, kv_dtype=args.kv_dtype)  # the stats line shows the cache in effect
     if getattr(args, "gemm", None) is not None:
         options["gemm"] = args.gemm
+    options.update(device_options(args))
     return preset, options
 
 
+def device_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Session options of --device and --gpu-budget. --allow-software-adapter sets ``UAII_ALLOW_SOFTWARE_GPU=1``
+    for this process: the WebGPU backend reads it when it chooses its adapter (the registry's backend is shared by
+    every session of the process, so the opt-in is the process's, as the variable is)."""
+    options: dict[str, Any] = {}
+    if getattr(args, "device", None) is not None:
+        if not args.device.strip():
+            raise CliError("--device needs a backend name (cpu, webgpu, auto, ...; see uaii devices)")
+        options["device"] = args.device.strip()
+    if getattr(args, "gpu_budget", None) is not None:
+        options["gpu_budget_bytes"] = presets.parse_bytes(args.gpu_budget)
+    if getattr(args, "allow_software_adapter", False):
+        from uaii.backends.webgpu.device import ALLOW_SOFTWARE_ENV
+
+        os.environ[ALLOW_SOFTWARE_ENV] = "1"
+    return options
+
+
 __all__ = ["CliError", "Context", "SessionFactory", "add_model_argument", "add_runtime_options", "check_text",
-           "default_session_factory", "model_path", "read_stdin", "runtime_options"]
+           "default_session_factory", "device_options", "model_path", "read_stdin", "runtime_options"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from uaii.ir import UaiiError
 from uaii.runtime import presets
 
 from . import report
@@ -15,7 +16,8 @@ from .context import CliError, Context, add_model_argument, model_path
 
 
 def add_parsers(sub: Any) -> None:
-    d = sub.add_parser("devices", help="every backend (cpu, cuda, rocm, metal, vulkan, webgpu): available or why not")
+    d = sub.add_parser("devices", help="every backend (cpu, cuda, rocm, metal, vulkan, webgpu): available or why "
+                       "not; every WebGPU adapter with its limits")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=cmd_devices)
 
@@ -44,23 +46,67 @@ def device_rows() -> list[dict[str, Any]]:
     rows = []
     for name, status in list_backends():
         rows.append({"name": name, "available": bool(status.available), "devices": list(status.devices),
-                     "reason": "" if status.available else status.reason})
+                     "software": bool(status.software), "reason": "" if status.available else status.reason})
     return rows
+
+
+def adapter_rows() -> tuple[list[dict[str, Any]], str]:
+    """Every WebGPU adapter (software ones included, each marked) as :meth:`AdapterInfo.as_dict` gives it, or no
+    adapter and why (``wgpu`` not installed, enumeration failed)."""
+    try:
+        from uaii.backends.webgpu import adapters
+
+        return [a.as_dict() for a in adapters()], ""
+    except UaiiError as exc:
+        return [], str(getattr(exc, "reason", exc))
+    except Exception as exc:  # a listing never takes the command down: it says why it is empty
+        return [], f"adapter enumeration failed: {type(exc).__name__}: {exc}"
 
 
 def cmd_devices(args: argparse.Namespace, ctx: Context) -> int:
     rows = device_rows()
+    adapters, why = adapter_rows()
     if args.json:
-        report.print_json({"backends": rows})
+        report.print_json({"backends": rows, "webgpu_adapters": adapters, "webgpu_adapters_reason": why})
         return 0
     t = Table(title="backends", title_justify="left")
     for col in ("backend", "status", "devices / reason"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        status = "[green]available[/green]" if r["available"] else "[red]unavailable[/red]"
+        status = ("[yellow]software[/yellow]" if r["software"] else "[green]available[/green]") if r["available"] \
+            else "[red]unavailable[/red]"
         t.add_row(r["name"], status, ", ".join(r["devices"]) if r["available"] else r["reason"])
     ctx.out.print(t)
+    if not adapters:
+        ctx.out.print(f"webgpu adapters: none ({why})" if why else "webgpu adapters: none", highlight=False,
+                      soft_wrap=True)
+        return 0
+    ctx.out.print(adapter_table(adapters))
+    if any(a["software"] for a in adapters):
+        ctx.note("software adapters run only with --device webgpu --allow-software-adapter (or "
+                 "UAII_ALLOW_SOFTWARE_GPU=1); --device auto never picks one")
     return 0
+
+
+def adapter_table(adapters: list[dict[str, Any]]) -> Table:
+    """One row per adapter: index; name, vendor and driver; backend and type; software; memory; key limits;
+    features."""
+    t = Table(title="webgpu adapters", title_justify="left")
+    for col in ("#", "adapter / vendor / driver", "backend", "software", "memory", "limits", "features"):
+        fixed = col in ("limits", "features", "memory", "software")
+        t.add_column(col, overflow="fold", no_wrap=fixed)
+    for a in adapters:
+        lim = a["limits"]
+        limits = "\n".join(f"{label} {fmt(lim[key])}" for key, label, fmt in (
+            ("max-buffer-size", "buffer", report.size), ("max-storage-buffer-binding-size", "binding", report.size),
+            ("max-storage-buffers-per-shader-stage", "storage buffers", str),
+            ("max-compute-workgroup-storage-size", "workgroup", report.size)) if key in lim)
+        name = "\n".join(x for x in (a["name"], a["vendor"] and f"vendor {a['vendor']}", a["driver"]) if x)
+        backend = f"{a['backend']}\n{a['type'] or 'unknown type'}" + ("" if a["usable"] else "\n(not used)")
+        memory = report.size(a["memory_bytes"]) if a["memory_bytes"] else "not reported"
+        t.add_row(str(a["index"]), name, backend, "yes" if a["software"] else "no", memory, limits,
+                  "\n".join(a["features"]) or "-")
+    return t
 
 
 # ----------------------------------------------------------------------------------------------------- cache
@@ -175,4 +221,5 @@ def cmd_presets(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-__all__ = ["add_parsers", "cmd_cache", "cmd_devices", "cmd_plan", "cmd_presets", "device_rows", "fold_groups"]
+__all__ = ["adapter_rows", "adapter_table", "add_parsers", "cmd_cache", "cmd_devices", "cmd_plan", "cmd_presets",
+           "device_rows", "fold_groups"]

@@ -1,0 +1,262 @@
+"""The WebGPU backend on whatever adapter this machine has (`make bench-gpu`), against references from the same run.
+
+1. The adapter: name, backend, driver, whether it is a software one, and the date.
+2. GEMV GB/s per weight type on the layer shapes of SmolLM2-135M and Gemma-3-270M (weight bytes read per second,
+   ``uaii.backends.webgpu.measure.gemv_bandwidth``), next to the adapter's own buffer-copy bandwidth measured now
+   (``copy_bandwidth``): the ratio says how close a GEMV comes to what the device can move at all.
+3. Prefill and decode tok/s of SmolLM2 and Gemma-3 on webgpu next to the CPU backend, each run as
+   ``uaii bench --json`` in its own process (a driver crash or an op the backend does not lower yet is that row's
+   error, never the end of the benchmark), with the same prompt, tokens and KV cache (f32, unbounded) on both.
+
+On a software adapter (lavapipe) the numbers only show that everything runs: it is the CPU emulating a GPU.
+
+    python bench/bench_gpu.py             # every type and shape, 128-token prompt, 32 generated tokens
+    python bench/bench_gpu.py --quick     # a few types, SmolLM2's shapes, 32-token prompt, 8 tokens
+    python bench/bench_gpu.py --no-models # GEMV and copy only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (name, k, n): W is [n, k]; y = x . W^T — the GEMV shapes of bench_kernels.py
+SHAPES = [
+    ("smollm2 ffn_up/gate", 576, 1536),
+    ("smollm2 ffn_down", 1536, 576),
+    ("smollm2 lm_head", 576, 49152),
+    ("gemma3 ffn_up/gate", 640, 2048),
+    ("gemma3 ffn_down", 2048, 640),
+    ("gemma3 lm_head", 640, 262144),
+]
+QUICK_SHAPES = ["smollm2 ffn_up/gate", "smollm2 ffn_down", "smollm2 lm_head"]
+TYPES = ["f32", "f16", "bf16", "q8_0", "q6_k", "q5_0", "q4_k", "q4_1", "q4_0"]
+QUICK_TYPES = ["f16", "q8_0", "q4_k", "q4_0"]
+MODELS = {"smollm2": "SmolLM2-135M Q4_1", "gemma3": "Gemma-3-270M Q4_K_M"}
+DEVICES = ("cpu", "webgpu")
+MiB = 1 << 20
+
+Runner = Callable[[list[str], float], dict[str, Any]]
+
+
+# ---------------------------------------------------------------------------------------------------- adapter
+def open_gpu() -> tuple[Any, str]:
+    """The device the webgpu backend runs on (a software adapter too: this benchmark runs wherever it can), or
+    None and why there is none."""
+    try:
+        from uaii.backends.webgpu.device import open_device
+
+        return open_device(allow_software=True), ""
+    except Exception as exc:  # no wgpu, no adapter: said, not raised
+        return None, str(getattr(exc, "reason", "") or exc)
+
+
+def adapter_line(info: Any, when: datetime.datetime | None = None) -> str:
+    """``webgpu:0 NAME (Vulkan, DiscreteGPU) · driver ... · 24.0 GiB · 2025-01-01T12:00:00``."""
+    from uaii.runtime.presets import format_bytes
+
+    when = when or datetime.datetime.now()
+    soft = " · SOFTWARE adapter: the numbers only show that it runs" if info.software else ""
+    memory = format_bytes(info.memory) if info.memory else "memory not reported"
+    return (f"{info.describe()} · vendor {info.vendor or '-'} · driver {info.driver or '-'} · {memory} · "
+            f"{when.isoformat(timespec='seconds')}{soft}")
+
+
+# ------------------------------------------------------------------------------------------------------- GEMV
+def load_measure() -> tuple[Any, str]:
+    """uaii.backends.webgpu.measure (copy_bandwidth, gemv_bandwidth), or None and why it cannot be used."""
+    try:
+        from uaii.backends.webgpu import measure
+    except ImportError as exc:
+        return None, f"uaii.backends.webgpu.measure is not available ({exc})"
+    return measure, ""
+
+
+def gemv_rows(dev: Any, measure: Any, types: list[str], shapes: list[tuple[str, int, int]], reps: int,
+              copy_gb_s: float) -> list[dict[str, Any]]:
+    """One row per (type, shape): GB/s of weight bytes read, its ratio to ``copy_gb_s``, or the error. A shape
+    whose k is not a whole number of the type's blocks (q4_k on k = 576) has no row: no model has that weight."""
+    from uaii.ir.dtype import DType
+
+    rows = []
+    for t in types:
+        for name, k, n in shapes:
+            if k % DType(t).block_size:
+                continue
+            row: dict[str, Any] = {"dtype": t, "shape": name, "k": k, "n": n}
+            try:
+                gb_s = float(measure.gemv_bandwidth(dev, DType(t), n, k, reps))
+                row.update(gb_s=gb_s, ratio=gb_s / copy_gb_s if copy_gb_s > 0 else None)
+            except Exception as exc:  # one type failing (a kernel not written yet) is that row's error
+                row["error"] = first_line(exc)
+            rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------- models
+def run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
+    """The last stdout line of ``cmd`` as JSON, or ``{"error": ...}`` with the last line it printed."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        return {"error": tail[0].removeprefix("error: ")}
+    try:
+        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return {"error": "no JSON on stdout"}
+
+
+def bench_command(path: Path, device: str, prompt_tokens: int, gen_tokens: int) -> list[str]:
+    """``uaii bench`` of one model on one device; both devices with the same f32, unbounded KV cache."""
+    cmd = [sys.executable, "-m", "uaii.runtime.cli", "bench", str(path), "--json", "--device", device,
+           "--prompt-tokens", str(prompt_tokens), "--gen-tokens", str(gen_tokens), "--kv-dtype", "f32",
+           "--kv-window", "0"]
+    return [*cmd, "--allow-software-adapter"] if device == "webgpu" else cmd
+
+
+def model_rows(keys: list[str], prompt_tokens: int, gen_tokens: int, timeout: float,
+               find: Callable[[str], Path], runner: Runner = run_json) -> list[dict[str, Any]]:
+    """One row per (model, device): prefill/decode tok/s, or the error (a model that cannot be found, a run that
+    fails)."""
+    rows = []
+    for key in keys:
+        label = MODELS[key]
+        try:
+            path = find(key)
+        except Exception as exc:
+            rows += [{"model": label, "device": d, "error": f"model not found: {first_line(exc)}"} for d in DEVICES]
+            continue
+        for device in DEVICES:
+            print(f"[bench-gpu] {label} on {device} ...", file=sys.stderr, flush=True)
+            res = runner(bench_command(path, device, prompt_tokens, gen_tokens), timeout)
+            rows.append({**res, "model": label, "device": device})
+    return rows
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def render(adapter: str, copy_gb_s: float | None, gemv: list[dict[str, Any]], gemv_note: str,
+           models: list[dict[str, Any]], out: Any = None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console(file=out, width=max(120, int(os.environ.get("COLUMNS", "0") or 0)), highlight=False)
+    con.print(f"adapter: {escape(adapter)}")
+    if copy_gb_s is not None:
+        con.print(f"buffer copy (copy_buffer_to_buffer, bytes read + written): {copy_gb_s:.2f} GB/s")
+    if gemv_note:
+        con.print(f"GEMV: {escape(gemv_note)}")
+    if gemv:
+        t = Table(title="GEMV on the device: weight GB/s, and its ratio to the buffer copy's GB/s (read + write) of "
+                  "this adapter", title_justify="left")
+        for col in ("type", "shape", "k x n", "GB/s", "ratio", "note"):
+            t.add_column(col, justify="right" if col in ("GB/s", "ratio") else "left", no_wrap=col != "note",
+                         overflow="fold")
+        for r in gemv:
+            if "error" in r:
+                t.add_row(r["dtype"], r["shape"], f"{r['k']} x {r['n']}", "-", "-",
+                          f"[red]failed: {escape(r['error'])}[/red]")
+                continue
+            ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
+            t.add_row(r["dtype"], r["shape"], f"{r['k']} x {r['n']}", f"{r['gb_s']:.2f}", ratio, "")
+        con.print(t)
+    if models:
+        con.print(model_table(models))
+
+
+def model_table(rows: list[dict[str, Any]]) -> Any:
+    """prefill/decode tok/s per model and device; the webgpu row's ratios are webgpu / cpu."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title="generation: webgpu vs the CPU backend, same run (ratio = webgpu / cpu; > 1: webgpu faster)",
+              title_justify="left")
+    for col in ("model", "device", "prefill tok/s", "decode tok/s", "prefill ratio", "decode ratio"):
+        t.add_column(col, justify="left" if col in ("model", "device") else "right", no_wrap=col != "prefill tok/s")
+    cpu = {r["model"]: r for r in rows if r["device"] == "cpu" and "error" not in r}
+    for r in rows:
+        if "error" in r:
+            t.add_row(r["model"], r["device"], f"[red]failed: {escape(r['error'])}[/red]", "", "", "")
+            continue
+        ref = cpu.get(r["model"]) if r["device"] != "cpu" else None
+        ratios = [_ratio(r.get(k), ref.get(k)) if ref else "" for k in ("prefill_tok_s", "decode_tok_s")]
+        t.add_row(r["model"], r["device"], f"{r['prefill_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}", *ratios)
+    return t
+
+
+def _ratio(ours: Any, ref: Any) -> str:
+    return f"{float(ours) / float(ref):.2f}x" if ours and ref else "-"
+
+
+# -------------------------------------------------------------------------------------------------------- main
+def measure_gpu(dev: Any, args: argparse.Namespace) -> tuple[float | None, list[dict[str, Any]], str]:
+    """(copy GB/s, GEMV rows, a note when the GEMV part could not run)."""
+    measure, why = load_measure()
+    if measure is None:
+        return None, [], why
+    try:
+        copy = float(measure.copy_bandwidth(dev, (16 if args.quick else 64) * MiB, 5 if args.quick else 20))
+    except Exception as exc:
+        return None, [], f"the copy bandwidth could not be measured: {first_line(exc)}"
+    shapes = [s for s in SHAPES if not args.quick or s[0] in QUICK_SHAPES]
+    types = QUICK_TYPES if args.quick else TYPES
+    return copy, gemv_rows(dev, measure, types, shapes, 3 if args.quick else 10, copy), ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="a few types and shapes, 32-token prompt, 8 tokens")
+    ap.add_argument("--models", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
+    ap.add_argument("--no-models", action="store_true", help="GEMV and copy bandwidth only")
+    ap.add_argument("--no-gemv", action="store_true", help="the models only")
+    ap.add_argument("--prompt-tokens", type=int, default=None)
+    ap.add_argument("--gen-tokens", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per model and device")
+    ap.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+    args = ap.parse_args(argv)
+    prompt = args.prompt_tokens or (32 if args.quick else 128)
+    gen = args.gen_tokens or (8 if args.quick else 32)
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    dev, why = open_gpu()
+    if dev is None:
+        print(f"bench-gpu: no WebGPU device: {why}", file=sys.stderr)
+        return 1
+    copy, gemv, note = (None, [], "") if args.no_gemv else measure_gpu(dev, args)
+    models: list[dict[str, Any]] = []
+    if not args.no_models:
+        sys.path.insert(0, str(REPO / "bench"))
+        from bench_models import model_path
+
+        models = model_rows(keys, prompt, gen, args.timeout, model_path)
+    print(f"prompt {prompt} tokens, decode {gen} tokens greedy, KV cache f32 unbounded; load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    render(adapter_line(dev.info), copy, gemv, note, models)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"adapter": dev.info.as_dict(), "copy_gb_s": copy, "gemv": gemv,
+                                               "models": models}, indent=2))
+    failed = [r for r in [*gemv, *models] if "error" in r]
+    return 1 if failed or note else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
