@@ -23,3 +23,14 @@ def test_case(case: Case) -> None:
         pytest.fail(f"the webgpu backend does not lower {case.op}: {GPU.unsupported_reason(case.graph.nodes[0])}")
     result = run_case(GPU, case)
     assert result.ok, result
+
+
+@needs_adapter
+def test_the_webgpu_backend_lowers_every_registered_op_and_passes_the_whole_suite() -> None:
+    from uaii.backends.testing import run_conformance
+    from uaii.ir.registry import default_registry
+
+    report = run_conformance(GPU)
+    assert report.ok, report.summary()
+    assert report.skipped == {} and report.uncovered == []
+    assert report.ops == {s.op for s in default_registry().schemas()}

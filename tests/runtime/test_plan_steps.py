@@ -21,6 +21,14 @@ from uaii.ir.plan import ExecutionPlan
 from uaii.planner import PlanCache, PlannerOptions, fuse, plan
 
 
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own plan cache folder: nothing is written to the real ~/.cache."""
+    root = tmp_path / "uaii-cache"
+    monkeypatch.setenv("UAII_CACHE_DIR", str(root))
+    return root
+
+
 def test_every_step_names_the_op_and_version_of_its_fused_node() -> None:
     g = llama(2)
     p, _ = plan(g, cache=False)
@@ -98,7 +106,9 @@ def test_a_plan_whose_op_names_hold_a_slash_runs_as_planned() -> None:
     from uaii.backends.cpu import CpuBackend
 
     g = _graph()
-    p, _ = plan(g, PlannerOptions(max_tokens=4), cache=False)
+    from uaii.runtime.planning import arena_policy
+
+    p, _ = plan(g, PlannerOptions(max_tokens=4), cache=False, arena=arena_policy(CpuBackend()))
     step = next(s for s in p.steps if s.node == "pre/scale")
     assert (step.op, step.version, step.kernel) == ("vendor/Scale", 2, "vendor/Scale/2/f32")
     assert [s.op for s in p.steps] == ["vendor/Scale", "GroupedMatMul"]
