@@ -133,10 +133,12 @@ def _trunk(n: int = 3) -> tuple[object, dict[str, np.ndarray]]:
 def test_the_streamer_queues_reads_in_the_plans_prefetch_order() -> None:
     """A plan's prefetch order that differs from the execution order changes what is queued, not what runs."""
     from uaii.planner import PlannerOptions, plan
+    from uaii.runtime.planning import arena_policy
 
     graph, arrays = _trunk()
     one = D * D * 4  # two staging buffers (a weight, rounded up a page for a chunk's read window) and the arena
-    p, _ = plan(graph, PlannerOptions(budget_bytes=4 * one + 2048, dim_bounds={"seq": 4}, max_tokens=4), cache=False)
+    p, _ = plan(graph, PlannerOptions(budget_bytes=4 * one + 2048, dim_bounds={"seq": 4}, max_tokens=4), cache=False,
+                arena=arena_policy(CPU))
     streamed = [w.ref for w in p.storage.weights if w.mode == "streamed"]
     assert streamed == [f"m.bin#blk.{i}.w" for i in range(3)] == list(p.storage.prefetch_order)
     x = np.ones((1, D), np.float32)

@@ -26,12 +26,14 @@ from uaii.ir import Graph
 from uaii.ir.plan import ExecutionPlan
 from uaii.planner import PlanCache, PlannerOptions, build_plan, plan
 from uaii.runtime import Session
+from uaii.runtime.planning import arena_policy
 from uaii.runtime.presets import get_preset
 
 Q = Dims(d=256, heads=4, kv=2, head_dim=64, ff=512, vocab=1000)
 BASE = {"max_tokens": 16, "dim_bounds": {"past": 64}}
 UNLIMITED = PlannerOptions(**BASE)
 BUDGET = PlannerOptions(**BASE, budget_bytes=2 << 20, pin_layers=1, kv_cache_bytes=1 << 20)
+CPU_ARENA = arena_policy(CpuBackend())  # the CPU runs only plans whose arena its own rule laid out
 
 
 @pytest.fixture(autouse=True)
@@ -53,8 +55,10 @@ def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
 def _run(graph: Graph, p: ExecutionPlan) -> dict[str, np.ndarray]:
     arrays = random_weights(graph)
     weights = ArrayWeights({str(t.weight) if t.weight else t.name: arrays[t.name] for t in graph.weights})
-    exe = CpuBackend().compile(graph, p, weights, max_tokens=8, kv_state=False)
-    return {k: np.array(v) for k, v in exe.run(llama_feeds(graph)).items()}
+    exe = CpuBackend().compile(graph, p, weights, max_tokens=8)
+    feeds = llama_feeds(graph, past=0)
+    out = exe.run({n: feeds[n] for n in exe.input_names}, exe.new_state(16))
+    return {k: np.array(v) for k, v in out.items()}
 
 
 _MUTATIONS = st.tuples(st.sampled_from(["delete", "duplicate", "move", "number", "string"]), st.integers(0, 10**6),
@@ -96,11 +100,11 @@ def test_an_edited_entry_that_is_served_runs_like_a_fresh_plan(edit: tuple[str, 
     graph = llama(1)
     cache = PlanCache(tmp_path)
     cache.clear()
-    good, _ = plan(graph, UNLIMITED, cache=cache)
+    good, _ = plan(graph, UNLIMITED, cache=cache, arena=CPU_ARENA)
     d = json.loads(good.to_json())
     _mutate(d, *edit)
     cache.path_for(good.key).write_text(json.dumps(d))
-    served, hit = plan(graph, UNLIMITED, cache=cache)
+    served, hit = plan(graph, UNLIMITED, cache=cache, arena=CPU_ARENA)
     if hit:
         for name, want in _run(graph, good).items():
             np.testing.assert_allclose(_run(graph, served)[name], want, rtol=1e-5, atol=1e-6)

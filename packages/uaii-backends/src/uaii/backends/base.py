@@ -7,6 +7,11 @@ planner's :class:`~uaii.ir.plan.ExecutionPlan`) into an :class:`Executable`. Wei
 :class:`WeightSource` — anything with ``acquire(ref) -> np.ndarray`` (a uaii-storage store, or
 :class:`ArrayWeights` in tests): plain dtypes come back as typed views, block-quantized tensors as raw ``uint8``.
 
+The activation arena has one owner. A backend whose executables lay out their arena by their own rule (views,
+in-place steps, a device's alignment) declares that rule's identity in :attr:`Capabilities.arena` and computes the
+layout in :meth:`Backend.plan_arena`; the planner asks it (an arena policy), so the plan's arena is what the
+executable allocates and consumes. A backend that runs the planner's generic offsets declares ``"planner"``.
+
 Optional slots follow ggml's habit: :class:`BackendBase` gives every method a default that either works
 (``alloc``/``copy`` on host memory) or raises :class:`BackendUnavailable` naming the reason.
 """
@@ -20,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from uaii.ir import Graph, Node, Tensor, UaiiError
-from uaii.ir.plan import ExecutionPlan
+from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot, ExecutionPlan
 
 
 class BackendError(UaiiError):
@@ -86,7 +91,10 @@ class Capabilities:
     sinks=)`` keeps a resident window. ``device_memory``: bytes of device memory its executables allocate from
     (0: host RAM, which a Session's budget covers). ``threads``: ``set_threads(n)`` means something.
     ``compile_options``: the keyword options ``compile`` understands beyond the standard and streaming ones (the
-    CPU's ``gemm``)."""
+    CPU's ``gemm``). ``arena``: who lays out the activation arena of its executables — the identity of its own rule
+    and version (``cpu/1``), which :meth:`Backend.plan_arena` computes and a plan made with it carries;
+    ``"planner"`` (:data:`~uaii.ir.plan.PLANNER_ARENA`): it consumes the planner's generic offsets; ``""``: it
+    declares none, and a Session does not plan for it."""
 
     activation_dtypes: frozenset[str] = frozenset()
     weight_dtypes: frozenset[str] = frozenset()
@@ -99,6 +107,7 @@ class Capabilities:
     device_memory: int = 0
     threads: bool = False
     compile_options: frozenset[str] = frozenset()
+    arena: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,19 @@ def plan_graph(graph: Graph, plan: ExecutionPlan) -> Graph:
     return replace(graph, nodes=tuple(nodes), tensors=tensors)
 
 
+def shared_slots(arena: ArenaLayout) -> tuple[BufferSlot, BufferSlot] | None:
+    """Two slots of a plan's ``arena`` live at the same step that share bytes, or None: what an executable checks
+    before it runs at the plan's offsets (a sweep over steps, as the planner's own check)."""
+    live: list[BufferSlot] = []
+    for s in sorted(arena.slots, key=lambda s: (s.first_step, s.offset)):
+        live = [a for a in live if a.last_step >= s.first_step]
+        for a in live:
+            if s.nbytes and a.nbytes and a.offset < s.offset + s.nbytes and s.offset < a.offset + a.nbytes:
+                return a, s
+        live.append(s)
+    return None
+
+
 @runtime_checkable
 class KVStateLike(Protocol):
     """The per-sequence state an executable carries between runs (the KV cache)."""
@@ -241,6 +263,11 @@ class Backend(Protocol):
     def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource,
                 **options: Any) -> Executable: ...
 
+    def plan_arena(self, graph: Graph, max_tokens: int, *, memory_reuse: bool = True) -> ArenaLayout:
+        """The arena an executable of ``graph`` (a plan's fused graph in step order, :func:`plan_graph`) allocates
+        at ``max_tokens`` tokens, laid out by the rule :attr:`Capabilities.arena` names (the layout's ``rule``)."""
+        ...
+
 
 class BackendBase:
     """Defaults for the optional slots: host memory for ``alloc``/``copy``; ``compile`` unavailable."""
@@ -286,6 +313,15 @@ class BackendBase:
         status = self.probe()
         raise BackendUnavailable(self.name, status.reason or "this backend does not execute graphs")
 
+    def plan_arena(self, graph: Graph, max_tokens: int, *, memory_reuse: bool = True) -> ArenaLayout:
+        """No rule of its own: the planner's generic layout is never used in its place unless the backend declares
+        ``Capabilities.arena == "planner"`` (then the planner lays it out, and this is not asked)."""
+        rule = self.capabilities.arena
+        why = ("it consumes the planner's layout (capabilities.arena is 'planner')" if rule == PLANNER_ARENA
+               else f"it declares the rule {rule!r} but does not implement plan_arena" if rule
+               else "it declares no arena rule (capabilities.arena is empty)")
+        raise BackendError(f"[backend] {self.name} lays out no arena for graph {graph.name!r}: {why}")
+
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
 
@@ -306,5 +342,6 @@ __all__ = [
     "UnsupportedOpError",
     "WeightSource",
     "plan_graph",
+    "shared_slots",
     "weight_key",
 ]

@@ -36,14 +36,24 @@ class BufferSlot:
     last_step: int
 
 
+PLANNER_ARENA = "planner"
+"""The :attr:`ArenaLayout.rule` of the planner's own generic layout (a backend that consumes the planner's offsets)."""
+
+
 @dataclass(frozen=True)
 class ArenaLayout:
-    """One allocation for all activations; slots whose lifetimes do not overlap share offsets."""
+    """One allocation for all activations; slots whose lifetimes do not overlap share offsets.
+
+    ``rule`` names who laid it out: :data:`PLANNER_ARENA` (the planner's generic rule) or the identity of a
+    backend's rule (``cpu/1``), so that a backend never runs offsets made by a rule other than its own. ``size`` is
+    what the backend allocates. Only buffers that own memory get slots: a value a backend places inside another
+    value's buffer (a view, an in-place result) has none, and the owner's slot lasts as long as any of them."""
 
     size: int
     alignment: int
     max_tokens: int
     slots: tuple[BufferSlot, ...] = ()
+    rule: str = PLANNER_ARENA
 
     def slot(self, value: str) -> BufferSlot:
         for s in self.slots:
@@ -165,7 +175,8 @@ class ExecutionPlan:
                                                      nbytes=_int(s["nbytes"]), dtype=_str(s["dtype"]),
                                                      first_step=_int(s["first_step"]),
                                                      last_step=_int(s["last_step"]))
-                                          for s in arena["slots"])),
+                                          for s in arena["slots"]),
+                              rule=_str(arena.get("rule", PLANNER_ARENA))),
             storage=StoragePlan(
                 budget_bytes=_int(storage["budget_bytes"]),
                 weights=tuple(WeightPlacement(ref=_str(w["ref"]), nbytes=_int(w["nbytes"]),
@@ -207,5 +218,5 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-__all__ = ["PLAN_FORMAT_VERSION", "ArenaLayout", "BufferSlot", "ExecutionPlan", "Step", "StoragePlan",
+__all__ = ["PLANNER_ARENA", "PLAN_FORMAT_VERSION", "ArenaLayout", "BufferSlot", "ExecutionPlan", "Step", "StoragePlan",
            "WeightPlacement"]

@@ -11,6 +11,7 @@ from uaii.planner.check import plan_problems
 from uaii.planner.errors import BudgetError, PlannerError
 from uaii.planner.liveness import Interval, execution_order, live_intervals
 from uaii.planner.memory import (
+    ArenaPolicy,
     MemoryReport,
     assign_offsets,
     dim_bound,
@@ -38,6 +39,7 @@ from uaii.planner.storage import WEIGHT_GROUP_RULES, group_of, plan_storage, sum
 __version__ = _version("uaii-planner")
 __all__ = [
     "WEIGHT_GROUP_RULES",
+    "ArenaPolicy",
     "BudgetError",
     "CacheStatus",
     "FusionPass",

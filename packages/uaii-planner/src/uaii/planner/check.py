@@ -15,8 +15,11 @@ and arena values that ``plan()`` has already derived for the call (:mod:`uaii.pl
   graph (fusion, execution order and step making are deterministic): each step's node, then the op and version the
   backend will run (the fused graph's node of that name has them), then kernel, values, device and attributes — so
   a backend is handed nothing a fresh plan would not give it.
-- **arena**: one slot per arena value with the size, dtype and lifetime that liveness gives, aligned, inside the
-  arena; slots live at the same step share no bytes (:func:`uaii.planner.memory.overlapping_slots`).
+- **arena**: laid out by the rule the plan was asked for. A backend's arena (an arena policy) is laid out again by
+  the backend and must be equal, slot by slot — a corrupted offset or size is caught even where it overlaps
+  nothing. The planner's generic arena: one slot per arena value with the size, dtype and lifetime that liveness
+  gives, aligned, inside the arena; slots live at the same step share no bytes
+  (:func:`uaii.planner.memory.overlapping_slots`).
 - **storage**: the weights the steps read, each once, in first-use order, with their sizes and groups; modes the
   budget allows; prefetch order, staging buffers, expert cache and bytes per token as they follow from the modes
   (:func:`uaii.planner.storage.storage_for_modes`, which the planner makes them with); the whole within the budget.
@@ -28,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 
 from uaii.ir.graph import Graph
-from uaii.ir.plan import ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePlan
+from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePlan
 from uaii.ir.registry import Registry
 from uaii.planner.derive import Derived, derive
 from uaii.planner.memory import overlapping_slots
@@ -52,7 +55,10 @@ def plan_problems(plan: ExecutionPlan, graph: Graph, fused: Graph, options: Plan
     yield from _dataflow(plan.steps, graph)
     d = derived if derived is not None else derive(fused, options, registry)
     yield from _steps(plan.steps, make_steps(d.fused, d.order, options.device, registry))
-    yield from _arena(plan.arena, d.slots, options)
+    if d.arena is not None:
+        yield from _same_arena(plan.arena, d.arena)
+    else:
+        yield from _arena(plan.arena, d.slots, options)
     yield from _storage(plan, d.uses, options)
 
 
@@ -120,8 +126,36 @@ _STEP_FIELDS = ("node", "op", "version", *(f.name for f in fields(Step) if f.nam
 
 
 # --- arena --------------------------------------------------------------------------------------------------
+def _same_arena(got: ArenaLayout, want: ArenaLayout) -> Iterator[str]:
+    """A backend's arena: ``want`` is what its rule lays out now; the first difference."""
+    if got == want:
+        return
+    for name in ("rule", "size", "alignment", "max_tokens"):
+        if getattr(got, name) != getattr(want, name):
+            yield f"its arena has {name} {getattr(got, name)!r}, the {want.rule} rule lays out {getattr(want, name)!r}"
+            return
+    mine = {s.value: s for s in want.slots}
+    for s in got.slots:
+        w = mine.pop(s.value, None)
+        if w is None:
+            yield f"its arena has a slot for {s.value!r}, which the {want.rule} rule does not place"
+            return
+        if s != w:
+            name = next(f.name for f in fields(BufferSlot) if getattr(s, f.name) != getattr(w, f.name))
+            yield f"arena slot {s.value!r} has {name} {getattr(s, name)!r}, the {want.rule} rule lays out " \
+                  f"{getattr(w, name)!r}"
+            return
+    if mine:
+        yield f"no arena slot holds {next(iter(mine))!r}, which the {want.rule} rule places"
+    else:
+        yield f"its arena slots are not in the order the {want.rule} rule lists them"
+
+
 def _arena(arena: ArenaLayout, values: Sequence[BufferSlot], options: PlannerOptions) -> Iterator[str]:
     """``values``: the unplaced slots of the arena values (:func:`uaii.planner.memory.arena_values`)."""
+    if arena.rule != PLANNER_ARENA:
+        yield f"its arena is laid out by the {arena.rule!r} rule, expected the planner's"
+        return
     if (arena.alignment, arena.max_tokens) != (options.alignment, options.max_tokens):
         yield (f"its arena is aligned to {arena.alignment} for {arena.max_tokens} tokens, the options say "
                f"{options.alignment} and {options.max_tokens}")

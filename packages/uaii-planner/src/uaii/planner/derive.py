@@ -7,7 +7,9 @@ and hands the record to each rather than each deriving them again (on Gemma-3 27
 cache hit, and the fusion and derivation of ~5 ms of a miss; docs/planner.md).
 
 None of them depends on the budget, so the record serves the caller's options and the options the plan is keyed by
-(:func:`uaii.planner.planner.keyed_options`: the same but for ``budget_bytes``) alike.
+(:func:`uaii.planner.planner.keyed_options`: the same but for ``budget_bytes``) alike. With a backend's arena policy
+(:class:`uaii.planner.memory.ArenaPolicy`) the record holds the backend's arena too: the build of a miss uses it,
+the budget ceiling counts its size, and the check of a hit compares the cached arena with it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from uaii.ir.graph import Graph, Node
-from uaii.ir.plan import BufferSlot
+from uaii.ir.plan import ArenaLayout, BufferSlot
 from uaii.ir.registry import Registry
 from uaii.planner.liveness import execution_order
-from uaii.planner.memory import arena_values
+from uaii.planner.memory import ArenaPolicy, arena_values
 from uaii.planner.options import PlannerOptions
 from uaii.planner.storage import WeightUse, weight_uses
 
@@ -27,19 +29,24 @@ from uaii.planner.storage import WeightUse, weight_uses
 @dataclass(frozen=True)
 class Derived:
     """The fused graph, its execution order, its weight uses (:func:`uaii.planner.storage.weight_uses`, in first-use
-    order) and its unplaced arena slots (:func:`uaii.planner.memory.arena_values`). Read-only: it is shared."""
+    order), its unplaced arena slots (:func:`uaii.planner.memory.arena_values`) and, with an arena policy, the
+    backend's arena (None: the planner lays it out from ``slots``). Read-only: it is shared."""
 
     fused: Graph
     order: tuple[Node, ...]
     uses: Mapping[str, WeightUse]
     slots: tuple[BufferSlot, ...]
+    arena: ArenaLayout | None = None
 
 
-def derive(fused: Graph, options: PlannerOptions, registry: Registry | None = None) -> Derived:
-    """The record of ``fused`` (the graph after the options' fusion passes, :func:`uaii.planner.fuse`)."""
+def derive(fused: Graph, options: PlannerOptions, registry: Registry | None = None,
+           arena: ArenaPolicy | None = None) -> Derived:
+    """The record of ``fused`` (the graph after the options' fusion passes, :func:`uaii.planner.fuse`); ``arena``:
+    the backend's arena policy, asked once here."""
     order = tuple(execution_order(fused))
     return Derived(fused, order, weight_uses(fused, order, registry),
-                   tuple(arena_values(fused, order, options, registry)))
+                   tuple(arena_values(fused, order, options, registry)),
+                   arena(fused, order, options) if arena is not None else None)
 
 
 __all__ = ["Derived", "derive"]

@@ -7,18 +7,23 @@
 3. Offsets: greedy by size, as TFLite's arena planner — values in decreasing size order each take the smallest gap
    between already placed values whose lifetimes overlap theirs (best fit), or the end. Every offset and
    reservation is a multiple of ``alignment``.
+
+That is the generic rule, for a backend that consumes the planner's offsets as they are. A backend with its own
+rule (views, in-place steps, its device's alignment) lays the arena out itself: the caller of
+:func:`uaii.planner.plan` passes an :class:`ArenaPolicy` that asks it, and the plan carries the backend's layout —
+what the backend will allocate, so that the budget is checked against that and not against an estimate.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from uaii.ir.dtype import Dim, tensor_nbytes
 from uaii.ir.graph import Graph, Node
-from uaii.ir.plan import ArenaLayout, BufferSlot
+from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot
 from uaii.ir.registry import Registry, default_registry
 from uaii.planner.errors import PlannerError
 from uaii.planner.liveness import live_intervals
@@ -163,6 +168,34 @@ def arena_layout(slots: Sequence[BufferSlot], options: PlannerOptions) -> ArenaL
 
 
 @dataclass(frozen=True)
+class ArenaPolicy:
+    """The arena rule of the backend a plan is made for: ``layout(fused, order, options)`` returns the arena the
+    backend will allocate for the fused graph executed in ``order`` at ``options.max_tokens`` tokens (with
+    ``options.enable_memory_reuse``), and ``rule`` names that rule and its version (``cpu/1``).
+
+    The planner cannot import backends, so the caller (the runtime) hands the backend's rule in, as it does
+    placement. ``rule`` is part of the plan key — a plan laid out for one backend is never served to another — and
+    the layout must carry it (:attr:`ArenaLayout.rule`); the layout may depend on the graph, the order, max_tokens
+    and memory reuse, never on the budget."""
+
+    rule: str
+    layout: Callable[[Graph, Sequence[Node], PlannerOptions], ArenaLayout]
+
+    def __call__(self, fused: Graph, order: Sequence[Node], options: PlannerOptions) -> ArenaLayout:
+        arena = self.layout(fused, order, options)
+        if arena.rule != self.rule or arena.max_tokens != options.max_tokens:
+            raise PlannerError(f"the arena policy {self.rule!r} returned a layout of rule {arena.rule!r} for "
+                               f"{arena.max_tokens} tokens, expected its own rule for {options.max_tokens} tokens "
+                               f"(graph {fused.name!r})")
+        return arena
+
+
+def arena_rule(policy: ArenaPolicy | None) -> str:
+    """The rule a plan's arena is laid out by: the policy's, else the planner's generic one."""
+    return policy.rule if policy is not None else PLANNER_ARENA
+
+
+@dataclass(frozen=True)
 class MemoryReport:
     """Arena size against the sum of every intermediate's (aligned) size: what reuse saved."""
 
@@ -202,5 +235,6 @@ def overlapping_slots(arena: ArenaLayout) -> list[tuple[BufferSlot, BufferSlot]]
     return bad
 
 
-__all__ = ["STATE_OUTPUTS", "MemoryReport", "align_up", "arena_layout", "arena_values", "assign_offsets",
-           "bound_nbytes", "dim_bound", "memory_report", "overlapping_slots", "plan_memory", "state_values"]
+__all__ = ["STATE_OUTPUTS", "ArenaPolicy", "MemoryReport", "align_up", "arena_layout", "arena_rule", "arena_values",
+           "assign_offsets", "bound_nbytes", "dim_bound", "memory_report", "overlapping_slots", "plan_memory",
+           "state_values"]

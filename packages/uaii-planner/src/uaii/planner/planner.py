@@ -7,6 +7,11 @@ neither a new release nor a changed planner between releases (a development chec
 Placement (which device runs each step) is a callback applied to the steps after planning and after a cache hit
 alike; it is not part of the key, and the cached plan holds the default device.
 
+The arena is the backend's when the caller passes its :class:`~uaii.planner.memory.ArenaPolicy` (``arena=``): the
+backend will allocate what the plan says, so the budget holds its real arena. The policy's rule is part of the key
+(a plan laid out for the CPU is never served to WebGPU); without a policy the planner lays the arena out by its
+generic rule (for a backend that consumes those offsets).
+
 A cached plan is checked against the graph before it is used (:mod:`uaii.planner.check`); one that does not match
 is logged with its file and its first problem, rebuilt and overwritten.
 
@@ -35,14 +40,14 @@ from importlib import metadata
 from pathlib import Path
 
 from uaii.ir.graph import Graph
-from uaii.ir.plan import PLAN_FORMAT_VERSION, ArenaLayout, BufferSlot, ExecutionPlan
+from uaii.ir.plan import PLAN_FORMAT_VERSION, PLANNER_ARENA, ArenaLayout, BufferSlot, ExecutionPlan
 from uaii.ir.registry import Registry
 from uaii.ir.serialize import to_bytes
 from uaii.ir.validator import check
 from uaii.planner.cache import PlanCache
 from uaii.planner.check import first_problem
 from uaii.planner.derive import Derived, derive
-from uaii.planner.memory import align_up, arena_layout, memory_report
+from uaii.planner.memory import ArenaPolicy, align_up, arena_layout, arena_rule, memory_report
 from uaii.planner.options import PlannerOptions
 from uaii.planner.passes import default_passes, run_passes
 from uaii.planner.steps import Placement, make_steps, place
@@ -73,14 +78,14 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def plan_key(graph: Graph, options: PlannerOptions | None = None) -> str:
+def plan_key(graph: Graph, options: PlannerOptions | None = None, arena: str = PLANNER_ARENA) -> str:
     """sha256 (hex) of canonical IR bytes + canonical options JSON + package versions + the planner's source digest
-    + plan format."""
+    + plan format + ``arena``, the rule that lays out the arena (:func:`uaii.planner.memory.arena_rule`)."""
     opts = options if options is not None else PlannerOptions()
     h = hashlib.sha256()
     for part in (b"uaii-plan", to_bytes(graph), opts.to_json().encode("utf-8"),
                  json.dumps({"versions": package_versions(), "planner_source": source_digest(),
-                             "plan_format": PLAN_FORMAT_VERSION},
+                             "plan_format": PLAN_FORMAT_VERSION, "arena_rule": arena},
                             sort_keys=True).encode("utf-8")):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
@@ -96,18 +101,20 @@ def fuse(graph: Graph, options: PlannerOptions | None = None, registry: Registry
 
 
 def build_plan(graph: Graph, options: PlannerOptions | None = None, *, registry: Registry | None = None,
-               key: str = "") -> ExecutionPlan:
-    """Plan ``graph`` (already validated) without the cache: fusion, order, steps, arena, storage."""
+               key: str = "", arena: ArenaPolicy | None = None) -> ExecutionPlan:
+    """Plan ``graph`` (already validated) without the cache: fusion, order, steps, arena (the backend's, with an
+    ``arena`` policy), storage."""
     opts = options if options is not None else PlannerOptions()
     fused = fuse(graph, opts, registry)
     if fused is not graph:
         check(fused, registry)
-    return _build(graph, derive(fused, opts, registry), opts, registry, key or plan_key(graph, opts))
+    return _build(graph, derive(fused, opts, registry, arena), opts, registry,
+                  key or plan_key(graph, opts, arena_rule(arena)))
 
 
 def _build(graph: Graph, d: Derived, options: PlannerOptions, registry: Registry | None, key: str) -> ExecutionPlan:
     """:func:`build_plan` from what is derived of the fused graph, once that graph is validated."""
-    arena = arena_layout(d.slots, options)
+    arena = d.arena if d.arena is not None else arena_layout(d.slots, options)
     storage = storage_for_uses(list(d.uses.values()), arena, options)
     return ExecutionPlan(key=key, graph_name=graph.name, steps=make_steps(d.fused, d.order, options.device, registry),
                          arena=arena, storage=storage, metadata=plan_metadata(graph, d.fused, options, arena))
@@ -130,41 +137,50 @@ def plan_metadata(graph: Graph, fused: Graph, options: PlannerOptions,
     return tuple(sorted(meta.items()))
 
 
-def budget_ceiling(fused: Graph, options: PlannerOptions, registry: Registry | None = None) -> int:
+def budget_ceiling(fused: Graph, options: PlannerOptions, registry: Registry | None = None,
+                   arena: ArenaPolicy | None = None) -> int:
     """Bytes no storage plan of ``fused`` (the graph after fusion) can exceed under ``options``, whatever it pins:
     every weight, ``staging_buffers`` buffers sized as if every weight streamed, the KV cache, the expert cache as
-    if every bank streamed, and the arena without reuse. (Staging and the expert cache grow with what streams.)"""
-    d = derive(fused, options, registry)
-    return _ceiling(d.uses.values(), d.slots, options)
+    if every bank streamed, and the arena without reuse — or, with a backend's ``arena`` policy, the backend's arena
+    (fixed whatever is pinned). (Staging and the expert cache grow with what streams.)"""
+    d = derive(fused, options, registry, arena)
+    return _ceiling(d.uses.values(), d.slots, options, d.arena)
 
 
-def _ceiling(uses: Collection[WeightUse], slots: Iterable[BufferSlot], options: PlannerOptions) -> int:
-    """:func:`budget_ceiling` of the weight uses and the unplaced arena slots of the fused graph."""
+def _ceiling(uses: Collection[WeightUse], slots: Iterable[BufferSlot], options: PlannerOptions,
+             backend_arena: ArenaLayout | None = None) -> int:
+    """:func:`budget_ceiling` of the weight uses and the unplaced arena slots of the fused graph (or the backend's
+    arena)."""
     streamable = [u for u in uses if u.streamable]
-    arena = sum(align_up(s.nbytes, options.alignment) for s in slots)
+    arena = (backend_arena.size if backend_arena is not None
+             else sum(align_up(s.nbytes, options.alignment) for s in slots))
     return (sum(u.nbytes for u in uses) + options.staging_buffers * staging_unit(streamable, options.stream_unit)
             + options.kv_cache_bytes + max(options.expert_cache_bytes, expert_cache_need(streamable)) + arena)
 
 
-def keyed_options(fused: Graph, options: PlannerOptions, registry: Registry | None = None) -> PlannerOptions:
+def keyed_options(fused: Graph, options: PlannerOptions, registry: Registry | None = None,
+                  arena: ArenaPolicy | None = None) -> PlannerOptions:
     """``options`` with a budget above :func:`budget_ceiling` lowered to the ceiling: the options a plan is keyed
     and made with (the plan is the same at any budget from the ceiling up; see the module doc)."""
     if not options.budget_bytes:
         return options
-    return _lowered(derive(fused, options, registry), options)
+    return _lowered(derive(fused, options, registry, arena), options)
 
 
 def _lowered(d: Derived, options: PlannerOptions) -> PlannerOptions:
     """:func:`keyed_options` from what is derived of the fused graph."""
     if not options.budget_bytes:
         return options
-    ceiling = _ceiling(d.uses.values(), d.slots, options)
+    ceiling = _ceiling(d.uses.values(), d.slots, options, d.arena)
     return replace(options, budget_bytes=ceiling) if options.budget_bytes > ceiling else options
 
 
 def plan(graph: Graph, options: PlannerOptions | None = None, cache: bool | PlanCache = True, *,
-         registry: Registry | None = None, placement: Placement | None = None) -> tuple[ExecutionPlan, bool]:
-    """(plan, cache_hit). ``cache`` is True (the default cache folder), a :class:`PlanCache`, or False.
+         registry: Registry | None = None, placement: Placement | None = None,
+         arena: ArenaPolicy | None = None) -> tuple[ExecutionPlan, bool]:
+    """(plan, cache_hit). ``cache`` is True (the default cache folder), a :class:`PlanCache`, or False. ``arena``:
+    the arena policy of the backend the plan is for (its rule lays the arena out and is part of the key; None: the
+    planner's generic rule).
 
     A cache hit skips validation of the graph and planning, not the check of the cached plan against the graph
     (:mod:`uaii.planner.check`). A missing, unreadable, corrupt or mismatched entry is rebuilt and overwritten (a
@@ -174,20 +190,20 @@ def plan(graph: Graph, options: PlannerOptions | None = None, cache: bool | Plan
     """
     opts = options if options is not None else PlannerOptions()
     store = cache if isinstance(cache, PlanCache) else (PlanCache() if cache else None)
-    derived = _derived(graph, opts, registry)
+    derived = _derived(graph, opts, registry, arena)
     keyed = _lowered(derived, opts) if derived is not None else opts
-    key = plan_key(graph, keyed)
+    key = plan_key(graph, keyed, arena_rule(arena))
     if store is not None:
         hit = store.load(key)
         if hit is not None:
-            problem = cached_plan_problem(hit, graph, keyed, key, derived=derived, registry=registry)
+            problem = cached_plan_problem(hit, graph, keyed, key, derived=derived, registry=registry, arena=arena)
             if problem is None:
                 return _served(hit, opts, placement), True
             log.warning("[planner] plan cache entry %s does not match graph %r: %s; planning again and overwriting "
                         "it (`uaii cache clear` empties the plan cache)", store.path_for(key), graph.name, problem)
     check(graph, registry)
     if derived is None:  # build_plan raises what stopped the derivation, after validating the fused graph
-        result = build_plan(graph, keyed, registry=registry, key=key)
+        result = build_plan(graph, keyed, registry=registry, key=key, arena=arena)
     else:
         if derived.fused is not graph:
             check(derived.fused, registry)
@@ -202,13 +218,15 @@ def plan(graph: Graph, options: PlannerOptions | None = None, cache: bool | Plan
 
 
 def cached_plan_problem(p: ExecutionPlan, graph: Graph, options: PlannerOptions, key: str, *,
-                        derived: Derived | None = None, registry: Registry | None = None) -> str | None:
+                        derived: Derived | None = None, registry: Registry | None = None,
+                        arena: ArenaPolicy | None = None) -> str | None:
     """Why ``p``, read from the cache under ``key``, is not the plan :func:`build_plan` makes of ``graph`` with
-    ``options`` (its choices of offsets and pins aside), or None. ``derived``: what is derived of the fused graph
-    (:mod:`uaii.planner.derive`), when the caller has it. Never raises: a plan whose check fails with an error is
-    reported as that error, since it cannot be trusted either."""
+    ``options`` (its choices of generic offsets and pins aside; a backend's arena must be the one its ``arena``
+    policy lays out), or None. ``derived``: what is derived of the fused graph (:mod:`uaii.planner.derive`, with the
+    same policy), when the caller has it. Never raises: a plan whose check fails with an error is reported as that
+    error, since it cannot be trusted either."""
     try:
-        d = derived if derived is not None else derive(fuse(graph, options, registry), options, registry)
+        d = derived if derived is not None else derive(fuse(graph, options, registry), options, registry, arena)
         problem = first_problem(p, graph, d.fused, options, key=key, registry=registry, derived=d)
         if problem is None:
             got, want = dict(p.metadata), dict(plan_metadata(graph, d.fused, options, p.arena))
@@ -220,12 +238,13 @@ def cached_plan_problem(p: ExecutionPlan, graph: Graph, options: PlannerOptions,
     return problem
 
 
-def _derived(graph: Graph, opts: PlannerOptions, registry: Registry | None) -> Derived | None:
+def _derived(graph: Graph, opts: PlannerOptions, registry: Registry | None,
+             arena: ArenaPolicy | None) -> Derived | None:
     """What :func:`plan` derives once for the ceiling, the check of a hit and the build of a miss, or None. The
     graph is not validated yet (a cache hit skips that): a graph that cannot be derived keeps its options, and
     planning reports the error."""
     try:
-        return derive(fuse(graph, opts, registry), opts, registry)
+        return derive(fuse(graph, opts, registry), opts, registry, arena)
     except Exception:  # check(graph) before planning names what is wrong
         log.debug("[planner] cannot derive the plan of graph %r before validating it", graph.name, exc_info=True)
         return None

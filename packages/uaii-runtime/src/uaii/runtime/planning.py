@@ -4,14 +4,20 @@ Under a budget the planner is told the real KV cache size (:func:`uaii.runtime.b
 the session will allocate) and the expert cache, and spends what the budget holds beyond the minimum on pinning
 more layers (``fill_pins``). A graph the planner cannot plan (a symbolic dim without a bound) runs in its own order,
 with a warning; a budget that cannot hold the minimum is the caller's to fix (the planner's BudgetError).
+
+The arena is the backend's (:func:`arena_policy`): the planner asks ``backend.plan_arena`` for the fused graph in
+step order, so the plan's arena — which the budget counts — is what the executable allocates, and the backend's
+rule keys the plan (a CPU plan is never served to WebGPU).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from uaii.ir import Graph, UaiiError
+from uaii.ir.plan import PLANNER_ARENA
 from uaii.runtime.budget import kv_cache_bytes
 from uaii.runtime.errors import SessionError
 from uaii.runtime.model import ModelBundle
@@ -26,18 +32,41 @@ def kv_slots(options: SessionOptions, context: int) -> int:
     return o.kv_window + o.kv_sinks if o.kv_window else context
 
 
-def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, device: str, context: int,
+def arena_policy(backend: Any) -> Any:
+    """The planner's :class:`~uaii.planner.ArenaPolicy` for ``backend``: its rule (``capabilities.arena``) laying
+    out the fused graph in the planner's order with ``backend.plan_arena``; None for a backend that declares it
+    consumes the planner's generic layout. A backend that declares no rule is refused: the plan's arena would be
+    an estimate of memory nobody allocates."""
+    from uaii.planner import ArenaPolicy
+
+    rule = backend.capabilities.arena
+    if rule == PLANNER_ARENA:
+        return None
+    if not rule:
+        raise SessionError(f"[runtime] backend {backend.name!r} declares no arena rule (Capabilities.arena): "
+                           "declare its own (and implement plan_arena) or 'planner' to run the planner's layout")
+
+    def layout(fused: Graph, order: Any, options: Any) -> Any:
+        return backend.plan_arena(replace(fused, nodes=tuple(order)), options.max_tokens,
+                                  memory_reuse=options.enable_memory_reuse)
+
+    return ArenaPolicy(rule, layout)
+
+
+def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backend: Any, context: int,
                  budget: int) -> tuple[Any, bool]:
-    """(plan, cache hit) of ``graph`` for a session on ``device`` holding ``context`` tokens, planned for
+    """(plan, cache hit) of ``graph`` for a session on ``backend`` holding ``context`` tokens, planned for
     ``budget`` bytes (the session's budget, or less when the backend allocates what the plan does not count; see
-    :func:`uaii.runtime.budget.check_memory`). (None, False) when the planner is missing or cannot plan it."""
+    :func:`uaii.runtime.budget.check_memory`), with the backend's arena (:func:`arena_policy`). (None, False) when
+    the planner is missing or cannot plan it."""
     try:
         from uaii.planner import BudgetError, PlannerOptions, plan
     except ImportError:  # the planner is optional: the backend then follows the graph's own order
         return None, False
     o = options
+    policy = arena_policy(backend)
     kw: dict[str, Any] = dict(enable_fusion=o.enable_fusion, enable_memory_reuse=o.enable_memory_reuse,
-                              max_tokens=o.max_batch, budget_bytes=budget, device=device)
+                              max_tokens=o.max_batch, budget_bytes=budget, device=backend.name)
     if budget:
         kw["kv_cache_bytes"] = kv_cache_bytes(graph, kv_slots(o, context), o.kv_dtype) if bundle.generative else 0
         kw["expert_cache_bytes"] = o.expert_cache_bytes
@@ -50,7 +79,7 @@ def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, 
         bounds["past"] = context
     kw["dim_bounds"] = bounds
     try:
-        return plan(graph, PlannerOptions(**kw), cache=o.plan_cache)
+        return plan(graph, PlannerOptions(**kw), cache=o.plan_cache, arena=policy)
     except UaiiError as exc:  # e.g. a symbolic dim without a bound: run the graph in its own order
         if isinstance(exc, SessionError | BudgetError):
             raise  # a budget that cannot hold the minimum is the caller's to fix
@@ -58,20 +87,20 @@ def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, 
         return None, False
 
 
-def replan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, device: str, context: int,
+def replan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backend: Any, context: int,
            unplanned: int) -> tuple[Any, bool]:
     """The plan for the budget less the ``unplanned`` bytes the backend allocates beyond the first plan's estimate
     (logged); a BudgetError naming both when even the smallest plan does not fit what is left."""
     from uaii.planner import BudgetError
 
-    budget = options.budget_bytes
+    budget, device = options.budget_bytes, backend.name
     log.info("[runtime] the %s executable allocates %d bytes more than the plan counts; planning for %d of the "
              "%d-byte budget", device, unplanned, budget - unplanned, budget)
     try:
         if budget <= unplanned:
             raise BudgetError(f"nothing is left of it (needs {unplanned})", budget_bytes=budget,
                               required_bytes=unplanned, parts={"unplanned": unplanned})
-        return session_plan(graph, bundle, options, device=device, context=context, budget=budget - unplanned)
+        return session_plan(graph, bundle, options, backend=backend, context=context, budget=budget - unplanned)
     except BudgetError as exc:
         raise BudgetError(f"[runtime] memory budget of {budget} bytes is too small: the {device} executable "
                           f"allocates {unplanned} bytes beyond what the plan counts, and for the rest {exc}",
@@ -79,4 +108,4 @@ def replan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, device
                           parts={**exc.parts, "unplanned": unplanned}) from None
 
 
-__all__ = ["kv_slots", "replan", "session_plan"]
+__all__ = ["arena_policy", "kv_slots", "replan", "session_plan"]

@@ -108,7 +108,7 @@ class Session:
         unplanned = self._build(graph)
         if unplanned:  # the backend allocates bytes the plan does not count: plan once more without them
             self._unbuild()
-            self.plan, self.plan_cache_hit = replan(graph, self._bundle, self.options, device=backend.name,
+            self.plan, self.plan_cache_hit = replan(graph, self._bundle, self.options, backend=backend,
                                                     context=self.context, unplanned=unplanned)
             self._build(graph, final=True)
         self.bytes_per_token = bytes_per_token(graph, b.locations, self.plan)
@@ -194,7 +194,7 @@ class Session:
 
     def _plan(self, graph: Graph, budget: int) -> tuple[Any, bool]:
         assert self.backend is not None
-        return session_plan(graph, self._bundle, self.options, device=self.backend.name, context=self.context,
+        return session_plan(graph, self._bundle, self.options, backend=self.backend, context=self.context,
                             budget=budget)
 
     def _kv_slots(self) -> int:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from uaii.backends.base import (
     Backend,
     BackendBase,
+    BackendError,
     Capabilities,
     DeviceStatus,
     Executable,
@@ -21,10 +22,10 @@ from uaii.backends.config import cpu_gemm
 from uaii.backends.cpu.bind import BindHost
 from uaii.backends.cpu.executable import GENERIC, CpuExecutable
 from uaii.backends.cpu.kv import KV_DTYPES, POSITIONS, KVState
-from uaii.backends.cpu.memory import node_infos
+from uaii.backends.cpu.memory import ARENA_RULE, arena_of, node_infos, plan_shapes
 from uaii.backends.cpu.ops_fast import FAST
 from uaii.ir import PLAIN_TYPES, Graph, Node
-from uaii.ir.plan import ExecutionPlan
+from uaii.ir.plan import ArenaLayout, ExecutionPlan
 from uaii.kernels import DEQUANT_TYPES, best_isa, get_isa, get_num_threads, set_num_threads
 from uaii.kernels.config import usable_cores
 
@@ -57,12 +58,14 @@ class CpuBackend(BackendBase):
     @property
     def capabilities(self) -> Capabilities:
         """Host memory, weights streamed from a streaming store, KV states in f32/f16 with a resident window and
-        either positioning (kv.py), the kernels' thread pool, and the ``gemm`` compile option."""
+        either positioning (kv.py), the kernels' thread pool, the ``gemm`` compile option, and its own arena rule
+        (memory.py, :meth:`plan_arena`)."""
         return Capabilities(activation_dtypes=frozenset(d.value for d in PLAIN_TYPES),
                             weight_dtypes=frozenset(d.value for d in DEQUANT_TYPES | PLAIN_TYPES),
                             ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED),
                             streams_weights=True, kv_dtypes=frozenset(KV_DTYPES), kv_positions=frozenset(POSITIONS),
-                            kv_window=True, device_memory=0, threads=True, compile_options=frozenset({"gemm"}))
+                            kv_window=True, device_memory=0, threads=True, compile_options=frozenset({"gemm"}),
+                            arena=ARENA_RULE)
 
     def set_threads(self, n: int | None) -> None:
         """Threads of the kernel pool (None: the usable cores)."""
@@ -70,6 +73,11 @@ class CpuBackend(BackendBase):
 
     def info(self) -> dict[str, Any]:
         return {"isa": get_isa(), "threads": get_num_threads()}
+
+    def plan_arena(self, graph: Graph, max_tokens: int, *, memory_reuse: bool = True) -> ArenaLayout:
+        """The arena ``compile(graph, plan)`` allocates at ``max_tokens`` tokens with the KV state bound (memory.py's
+        rule: views, in-place reuse, first fit, 64-byte aligned; every symbolic feed dim at ``max_tokens``)."""
+        return arena_of(graph, node_infos(graph), max_tokens, memory_reuse)
 
     def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource, *, max_tokens: int = 0,
                 kv_state: bool = True, memory_reuse: bool = True, gemm: str | None = None,
@@ -84,20 +92,23 @@ class CpuBackend(BackendBase):
         streaming store) around the steps that read them, queued in execution order (see cpu/streaming.py);
         ``expert_cache`` serves streamed MoE expert banks by expert; a streamed MatMul weight whose read window
         exceeds ``chunk_bytes`` (one staging buffer) streams in chunks of rows.
-        With a plan, its steps are what runs: fused nodes (GroupedMatMul, AddRMSNorm, SwiGLU) in its order. The
-        arena offsets are this backend's own (see memory.py): its views and in-place steps share buffers that the
-        planner's arena keeps apart."""
+        With a plan, its steps are what runs: fused nodes (GroupedMatMul, AddRMSNorm, SwiGLU) in its order, and its
+        arena is what is allocated — laid out by this backend's rule (:meth:`plan_arena`), for the plan's
+        max_tokens with every symbolic feed dim at that count; a plan laid out by another rule, or one that does
+        not cover the buffers (``kv_state``, ``memory_reuse`` or ``max_tokens`` other than planned), is an error."""
         if plan is not None:
+            _check_arena(plan.arena, max_tokens)
             graph = plan_graph(graph, plan)
         problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
         if problems:
             raise UnsupportedOpError(self.name, problems)
         infos = node_infos(graph)
-        tokens = max_tokens or (plan.arena.max_tokens if plan is not None else 0) or 512
+        tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512
         exe = CpuExecutable(graph, infos, weights, max_tokens=tokens, kv_state=kv_state, memory_reuse=memory_reuse,
                             gemm=gemm or cpu_gemm(), streamed=streamed, prefetch_order=prefetch_order,
-                            expert_cache=expert_cache, chunk_bytes=chunk_bytes)
-        shapes = _token_shapes(graph, exe, tokens)
+                            expert_cache=expert_cache, chunk_bytes=chunk_bytes,
+                            arena=plan.arena if plan is not None else None)
+        shapes = plan_shapes(graph, exe.input_names, tokens) if plan is not None else _token_shapes(graph, exe, tokens)
         if shapes is not None:
             exe.prepare(shapes)
         return exe
@@ -106,6 +117,17 @@ class CpuBackend(BackendBase):
         if node.op in GENERIC or node.op in FAST:
             return None
         return UNSUPPORTED.get(node.op, f"op {node.op!r} is not implemented by the cpu backend")
+
+
+def _check_arena(arena: ArenaLayout, max_tokens: int) -> None:
+    """A plan's arena this backend can follow: its own rule, for at least ``max_tokens`` tokens (that it covers
+    every buffer is checked when the executable lays it out: memory.from_arena)."""
+    problem = (f"it is laid out by the {arena.rule!r} rule, not this backend's {ARENA_RULE!r} (plan with "
+               "arena=<the backend's policy>, as a Session does)" if arena.rule != ARENA_RULE
+               else f"it is laid out for {arena.max_tokens} tokens, compile asks for {max_tokens}"
+               if max_tokens > arena.max_tokens else "")
+    if problem:
+        raise BackendError(f"[backend] cpu cannot run the plan's arena: {problem}")
 
 
 def _token_shapes(graph: Graph, exe: CpuExecutable, tokens: int) -> dict[str, tuple[int, ...]] | None:

@@ -3,7 +3,10 @@ views of one arena — so that ``run`` is a copy of the feeds, a tight loop over
 
 Bindings are cached by the shapes of the feeds (a decode step always hits the same one; a prefill chunk of
 ``max_batch`` tokens another). Every binding carves its views from the same arena at the offsets planned for the
-largest shapes, so a smaller binding never needs more memory. Attention nodes whose caches are graph inputs and
+largest shapes, so a smaller binding never needs more memory. Compiled with a plan, those offsets are the plan's
+arena (laid out by this backend's rule, memory.py, when the planner asked ``CpuBackend.plan_arena``): the executable
+checks that it covers its buffers and allocates exactly its size; only a binding larger than the plan's max_tokens
+lays the arena out again, by the same rule. Attention nodes whose caches are graph inputs and
 outputs are bound to a :class:`~uaii.backends.cpu.kv.KVState` instead (see kv.py).
 """
 
@@ -20,14 +23,25 @@ from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, wei
 from uaii.backends.config import GEMM_MODES as CONFIG_GEMM_MODES
 from uaii.backends.cpu.bind import Bind, Step, WeightData, status_fail, to_f32
 from uaii.backends.cpu.kv import KeyRotation, KVState
-from uaii.backends.cpu.memory import Layout, NodeInfo, VType, infer_types, nbytes_of, plan_layout
+from uaii.backends.cpu.memory import (
+    ALIGN,
+    Layout,
+    NodeInfo,
+    VType,
+    feed_types,
+    from_arena,
+    infer_types,
+    kv_binding,
+    nbytes_of,
+    plan_layout,
+)
 from uaii.backends.cpu.ops_extra import EXTRA, expert_banks
 from uaii.backends.cpu.ops_fast import FAST, rope_inv_freq
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.streaming import StreamingWeights
 from uaii.ir import Graph, Tensor
-from uaii.ir.kvcache import kv_layers
 from uaii.ir.ops import UNARY
+from uaii.ir.plan import ArenaLayout
 from uaii.kernels import PackedWeight
 
 GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA}
@@ -58,7 +72,8 @@ class CpuExecutable:
     def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, *, max_tokens: int = 512,
                  kv_state: bool = True, memory_reuse: bool = True, gemm: str = "fast",
                  streamed: Collection[str] = (), prefetch_order: Sequence[str] = (),
-                 expert_cache: Any = None, chunk_bytes: int = 0) -> None:
+                 expert_cache: Any = None, chunk_bytes: int = 0, arena: ArenaLayout | None = None) -> None:
+        """``arena``: a plan's arena, which the first layout (compile's :meth:`prepare`) follows."""
         if gemm not in GEMM_MODES:
             raise BackendError(f"[backend] gemm must be one of {', '.join(GEMM_MODES)}, found {gemm!r}")
         self.gemm_mode = GEMM_MODES[gemm]
@@ -81,6 +96,7 @@ class CpuExecutable:
         self.input_names = tuple(n for n in graph.inputs if n not in self.stateful)
         self.output_names = tuple(n for n in graph.outputs if n not in self.stateful)
         self._layout: Layout | None = None
+        self._planned = arena
         self._arena = np.empty(0, np.uint8)
         self._bindings: dict[Any, Binding] = {}
         self.closed = False
@@ -94,10 +110,10 @@ class CpuExecutable:
     # --- compile-time analysis -----------------------------------------------------------------------------
     def _find_kv(self) -> None:
         """Bind the cached Attention layers (uaii.ir.kvcache: the analysis the runtime's budget uses too)."""
-        for layer in kv_layers(self.graph):
-            self.kv_layer[layer.node] = len(self.kv_dims)
-            self.kv_dims.append((layer.n_kv_heads, layer.k_dim, layer.v_dim))
-            self.stateful.update(x for x in (layer.past_k, layer.past_v, layer.present_k, layer.present_v) if x)
+        dims, self.stateful = kv_binding(self.graph)
+        for node, d in dims.items():
+            self.kv_layer[node] = len(self.kv_dims)
+            self.kv_dims.append(d)
 
     def gemm_mode_for(self, value: str) -> int:
         """The uk_gemm mode of the GEMM step that writes ``value``: mode 2 for the output projections in the
@@ -200,15 +216,8 @@ class CpuExecutable:
 
     # --- binding -------------------------------------------------------------------------------------------
     def feed_types(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, VType]:
-        tmap = self.graph.tensor_map
-        types = {n: VType(tmap[n].dtype, tuple(shapes[n])) for n in self.input_names}
-        for info in self.infos:
-            layer = self.kv_layer.get(info.node.name)
-            if layer is not None:
-                h, dk, dv = self.kv_dims[layer]
-                types[info.node.inputs[3]] = VType(tmap[info.node.inputs[3]].dtype, (0, h, dk))
-                types[info.node.inputs[4]] = VType(tmap[info.node.inputs[4]].dtype, (0, h, dv))
-        return types
+        kv = {node: self.kv_dims[i] for node, i in self.kv_layer.items()}
+        return feed_types(self.graph, self.infos, self.input_names, shapes, kv)
 
     def prepare(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Plan the arena for the largest feed shapes a run will see (e.g. ``max_tokens`` tokens)."""
@@ -216,9 +225,15 @@ class CpuExecutable:
         self._relayout(types)
 
     def _relayout(self, types: dict[str, VType]) -> None:
-        self._layout = plan_layout(self.graph, self.infos, types, self.input_names, self.stateful,
-                                   self.memory_reuse)
-        self._arena = np.zeros(self._layout.size + 64, np.uint8)  # zeroed lazily by the OS
+        """The first layout follows the plan's arena when there is one; a later one (a binding beyond it) and any
+        without a plan are laid out here, by the same rule (memory.py)."""
+        if self._planned is not None and self._layout is None:
+            self._layout = from_arena(self.graph, self.infos, types, self.input_names, self.stateful,
+                                      self.memory_reuse, self._planned)
+        else:
+            self._layout = plan_layout(self.graph, self.infos, types, self.input_names, self.stateful,
+                                       self.memory_reuse)
+        self._arena = np.zeros(self._layout.size + ALIGN, np.uint8)  # zeroed lazily by the OS
         self._bindings.clear()
 
     @property

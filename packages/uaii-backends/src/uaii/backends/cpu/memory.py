@@ -5,18 +5,29 @@ decides which outputs are free views of an input (Reshape, Identity, leading-axi
 input's buffer in place (the schema's ``inplace`` pairs, when the input dies at that node), and places every other
 buffer in one arena by liveness (first fit, 64-byte aligned). Bindings for smaller shapes (fewer tokens) reuse the
 same offsets: every buffer shrinks, none moves.
+
+This is the CPU backend's arena rule (:data:`ARENA_RULE`), the only one: :func:`plan_layout` lays it out,
+:func:`to_arena` states it as the plan's :class:`~uaii.ir.plan.ArenaLayout` (``CpuBackend.plan_arena``, which the
+planner asks), and :func:`from_arena` turns a plan's arena back into the layout an executable carves its buffers
+from — after checking that it covers every buffer this analysis finds, at the same lifetimes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from uaii.backends.analysis import NodeInfo, VType, infer_types, nbytes_of, node_infos, topological
+from uaii.backends.base import BackendError, shared_slots
 from uaii.ir import Graph
+from uaii.ir.kvcache import kv_layers
+from uaii.ir.plan import ArenaLayout, BufferSlot
 
 ALIGN = 64
 END = 1 << 62  # "live until the end of the run" (graph outputs)
+ARENA_RULE = "cpu/1"
+"""The identity of this rule (``Capabilities.arena``): bump the version when the layout it makes changes, so that
+plans cached with the old one are keyed apart."""
 
 
 # --- views --------------------------------------------------------------------------------------------------
@@ -65,6 +76,8 @@ class Layout:
     offset: dict[str, int]
     nbytes: dict[str, int]
     size: int
+    born: dict[str, int] = field(default_factory=dict)  # owner -> node index that writes it (-1: a feed)
+    end: dict[str, int] = field(default_factory=dict)  # owner -> last node index any value in it is read (END)
 
     def fits(self, types: Mapping[str, VType]) -> bool:
         """Whether bindings for ``types`` fit in this layout (no owner grows)."""
@@ -77,6 +90,14 @@ class Layout:
 def plan_layout(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], feeds: Sequence[str],
                 stateful: set[str], reuse: bool = True) -> Layout:
     """Place every feed and computed value in one arena. ``stateful`` values live elsewhere (the KV state)."""
+    root, views, born, end = _buffers(graph, infos, types, feeds, stateful, reuse)
+    offset, nbytes, size = _first_fit(born, end, {o: nbytes_of(types[o]) for o in born}, reuse)
+    return Layout(types, root, views, offset, nbytes, size, born, end)
+
+
+def _buffers(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], feeds: Sequence[str],
+             stateful: set[str], reuse: bool) -> tuple[dict[str, str], dict[str, str], dict[str, int], dict[str, int]]:
+    """(root, views, born, end): which buffer each value lives in, and when each owner is written and last read."""
     fixed = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
     root: dict[str, str] = {}
     views: dict[str, str] = {}
@@ -110,8 +131,111 @@ def plan_layout(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType]
     end: dict[str, int] = {}
     for v, owner in root.items():
         end[owner] = max(end.get(owner, -1), last.get(v, born.get(owner, 0)))
-    offset, nbytes, size = _first_fit(born, end, {o: nbytes_of(types[o]) for o in born}, reuse)
-    return Layout(types, root, views, offset, nbytes, size)
+    return root, views, born, end
+
+
+# --- the plan's arena -----------------------------------------------------------------------------------------
+KVDims = Mapping[str, tuple[int, int, int]]
+"""Cached Attention node -> (kv heads, key dim, value dim): the layers bound to a KV state."""
+
+
+def kv_binding(graph: Graph) -> tuple[dict[str, tuple[int, int, int]], set[str]]:
+    """(KV dims per cached Attention node, the values the KV state holds instead of the arena)."""
+    dims: dict[str, tuple[int, int, int]] = {}
+    stateful: set[str] = set()
+    for layer in kv_layers(graph):
+        dims[layer.node] = (layer.n_kv_heads, layer.k_dim, layer.v_dim)
+        stateful.update(x for x in (layer.past_k, layer.past_v, layer.present_k, layer.present_v) if x)
+    return dims, stateful
+
+
+def feed_types(graph: Graph, infos: Sequence[NodeInfo], feeds: Sequence[str], shapes: Mapping[str, Sequence[int]],
+               kv: KVDims) -> dict[str, VType]:
+    """Types of the feeds at ``shapes``, and of the KV state's past inputs (empty: the state holds them)."""
+    tmap = graph.tensor_map
+    types = {n: VType(tmap[n].dtype, tuple(int(d) for d in shapes[n])) for n in feeds}
+    for info in infos:
+        dims = kv.get(info.node.name)
+        if dims is not None:
+            h, dk, dv = dims
+            types[info.node.inputs[3]] = VType(tmap[info.node.inputs[3]].dtype, (0, h, dk))
+            types[info.node.inputs[4]] = VType(tmap[info.node.inputs[4]].dtype, (0, h, dv))
+    return types
+
+
+def plan_shapes(graph: Graph, feeds: Sequence[str], tokens: int) -> dict[str, tuple[int, ...]]:
+    """The feed shapes a plan's arena is laid out at: every symbolic dim ``tokens`` (a Session binds every
+    symbolic input dim but the KV state's to its ``max_batch``, which is ``max_tokens``)."""
+    tmap = graph.tensor_map
+    return {n: tuple(tokens if isinstance(d, str) else int(d) for d in tmap[n].shape) for n in feeds}
+
+
+def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int, memory_reuse: bool = True) -> ArenaLayout:
+    """The arena an executable of ``graph`` with its KV state bound (``kv_state=True``) lays out for
+    ``max_tokens`` tokens (:func:`plan_shapes`): the CPU backend's ``plan_arena``."""
+    tokens = max(int(max_tokens), 1)
+    kv, stateful = kv_binding(graph)
+    feeds = [n for n in graph.inputs if n not in stateful]
+    types = infer_types(graph, list(infos), feed_types(graph, infos, feeds, plan_shapes(graph, feeds, tokens), kv))
+    return to_arena(plan_layout(graph, infos, types, feeds, stateful, memory_reuse), len(infos), tokens)
+
+
+def _slot(layout: Layout, owner: str, steps: int) -> BufferSlot:
+    """The plan's slot of an owner: steps are node indices, a feed is live from step 0, an output to the last."""
+    first = max(layout.born[owner], 0)
+    last = max(min(layout.end[owner], steps - 1), first)
+    return BufferSlot(owner, layout.offset[owner], layout.nbytes[owner], layout.types[owner].dtype.value, first, last)
+
+
+def to_arena(layout: Layout, steps: int, max_tokens: int) -> ArenaLayout:
+    """``layout`` (made for ``max_tokens`` tokens of a graph of ``steps`` nodes) as a plan's arena: one slot per
+    buffer owner (views and in-place results live in their owner's slot), and the size the executable allocates —
+    the layout and :data:`ALIGN` bytes more, so that the arena's start can be aligned."""
+    slots = sorted((_slot(layout, o, steps) for o in layout.offset), key=lambda s: (s.first_step, s.value))
+    return ArenaLayout(size=layout.size + ALIGN, alignment=ALIGN, max_tokens=max_tokens, slots=tuple(slots),
+                       rule=ARENA_RULE)
+
+
+def from_arena(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], feeds: Sequence[str],
+               stateful: set[str], reuse: bool, arena: ArenaLayout) -> Layout:
+    """The layout of a plan's ``arena``: this rule's buffers (views, in-place reuse) at the plan's offsets.
+    Raises a BackendError naming the first buffer the arena does not cover (missing, smaller, another lifetime,
+    misaligned, outside the arena, sharing live bytes) or holds that this analysis does not find."""
+    root, views, born, end = _buffers(graph, infos, types, feeds, stateful, reuse)
+    mine = Layout(types, root, views, {o: 0 for o in born}, {o: nbytes_of(types[o]) for o in born}, 0, born, end)
+    problem = next(_uncovered(mine, arena, len(infos)), None)
+    if problem is not None:
+        raise BackendError(f"[backend] cpu: the plan's arena ({arena.rule}, {arena.max_tokens} tokens) does not fit "
+                           f"graph {graph.name!r} as this executable binds it: {problem} (plan with the cpu "
+                           f"backend's arena rule, {ARENA_RULE}, at these max_tokens and memory_reuse; the plan's "
+                           "arena binds the KV state: compile with kv_state=True)")
+    slots = {s.value: s for s in arena.slots}
+    return Layout(types, root, views, {o: slots[o].offset for o in born}, {o: slots[o].nbytes for o in born},
+                  arena.size - ALIGN, born, end)
+
+
+def _uncovered(mine: Layout, arena: ArenaLayout, steps: int) -> Iterator[str]:
+    if arena.rule != ARENA_RULE:
+        yield f"it is laid out by the {arena.rule!r} rule, not {ARENA_RULE!r}"
+        return
+    slots = {s.value: s for s in arena.slots}
+    for owner in mine.born:
+        s, want = slots.get(owner), _slot(mine, owner, steps)
+        if s is None:
+            yield f"no slot holds buffer {owner!r}"
+        elif s.nbytes < want.nbytes:
+            yield f"slot {owner!r} has {s.nbytes} bytes, the buffer needs {want.nbytes}"
+        elif (s.first_step, s.last_step) != (want.first_step, want.last_step):
+            yield (f"slot {owner!r} is live at steps {s.first_step}..{s.last_step}, the buffer at "
+                   f"{want.first_step}..{want.last_step}")
+        elif s.offset % ALIGN or s.offset + s.nbytes > arena.size - ALIGN:
+            yield f"slot {owner!r} at [{s.offset}, {s.offset + s.nbytes}) is not {ALIGN}-aligned inside the arena"
+    extra = [v for v in slots if v not in mine.born]
+    if extra:
+        yield f"it has a slot for {extra[0]!r}, which is no buffer of this executable"
+    pair = shared_slots(arena)
+    if pair is not None:
+        yield f"slots {pair[0].value!r} and {pair[1].value!r} are live at the same step and share bytes"
 
 
 def _inplace_target(info: NodeInfo, slot: int, types: Mapping[str, VType], root: Mapping[str, str],
@@ -160,5 +284,6 @@ def _first_fit(born: Mapping[str, int], end: Mapping[str, int], size: Mapping[st
     return offset, dict(size), top
 
 
-__all__ = ["ALIGN", "Layout", "NodeInfo", "VType", "infer_types", "nbytes_of", "node_infos", "plan_layout",
+__all__ = ["ALIGN", "ARENA_RULE", "KVDims", "Layout", "NodeInfo", "VType", "arena_of", "feed_types", "from_arena",
+           "infer_types", "kv_binding", "nbytes_of", "node_infos", "plan_layout", "plan_shapes", "to_arena",
            "topological", "view_source"]

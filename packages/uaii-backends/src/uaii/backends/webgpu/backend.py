@@ -17,7 +17,7 @@ from uaii.backends.base import (
     plan_graph,
 )
 from uaii.ir import Graph, Node
-from uaii.ir.plan import ExecutionPlan
+from uaii.ir.plan import ArenaLayout, ExecutionPlan
 
 WEIGHT_DTYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"})
 KV_DTYPES = frozenset({"f32", "f16"})
@@ -48,13 +48,14 @@ class WebGpuBackend(BackendBase):
     def capabilities(self) -> Capabilities:
         """Streams the weights named in ``streamed`` (uploaded before the node that reads them); ``device_memory``
         is the chosen adapter's (:attr:`AdapterInfo.device_memory`; 0 when no adapter can be used, and then
-        ``compile`` fails anyway); KV states in device buffers (kv_state.py)."""
+        ``compile`` fails anyway); KV states in device buffers (kv_state.py); its own arena rule (arena.py)."""
+        from uaii.backends.webgpu.arena import ARENA_RULE
         from uaii.backends.webgpu.ops import LOWERINGS
 
         return Capabilities(activation_dtypes=frozenset({"f32", "f16", "bf16", "i32", "i64"}),
                             weight_dtypes=WEIGHT_DTYPES, ops=frozenset(LOWERINGS), streams_weights=True,
                             kv_dtypes=KV_DTYPES, kv_positions=frozenset({"absolute", "cache"}), kv_window=True,
-                            device_memory=self.device_memory())
+                            device_memory=self.device_memory(), arena=ARENA_RULE)
 
     def device_memory(self) -> int:
         """Bytes of memory of the adapter this backend runs on (0: none it may use)."""
@@ -65,6 +66,14 @@ class WebGpuBackend(BackendBase):
         except Exception:  # unavailable: the probe says why
             return 0
         return info.device_memory
+
+    def plan_arena(self, graph: Graph, max_tokens: int, *, memory_reuse: bool = True) -> ArenaLayout:
+        """The device arena ``compile(graph, plan)`` allocates at ``max_tokens`` tokens (arena.py's rule, offsets
+        aligned for any adapter; no adapter is opened). The arena always reuses memory: ``memory_reuse`` is
+        accepted for the contract."""
+        from uaii.backends.webgpu.arena import arena_of
+
+        return arena_of(graph, node_infos(graph), max_tokens)
 
     def unsupported_reason(self, node: Node) -> str | None:
         from uaii.backends.webgpu.ops import LOWERINGS
@@ -92,15 +101,31 @@ class WebGpuBackend(BackendBase):
             raise BackendError("[backend] webgpu: an expert cache is a host-memory structure; the device streams "
                                "expert banks shard by shard (compile without expert_cache)")
         if plan is not None:
+            _check_arena(plan.arena, max_tokens)
             graph = plan_graph(graph, plan)
         problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
         if problems:
             raise UnsupportedOpError(self.name, problems)
         dev = open_device(self.allow_software)
-        tokens = max_tokens or (plan.arena.max_tokens if plan is not None else 0) or 512
+        tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512
         exe = WebGpuExecutable(graph, node_infos(graph), weights, dev, lowerings=LOWERINGS, max_tokens=tokens,
-                               kv_state=kv_state, streamed=streamed, chunk_bytes=chunk_bytes)
+                               kv_state=kv_state, streamed=streamed, chunk_bytes=chunk_bytes,
+                               arena=plan.arena if plan is not None else None)
         exe.prepare()
         return exe
+
+
+def _check_arena(arena: ArenaLayout, max_tokens: int) -> None:
+    """A plan's arena this backend can follow: its own rule, for at least ``max_tokens`` tokens (that it holds
+    every activation is checked when the executable binds: arena.uncovered)."""
+    from uaii.backends.webgpu.arena import ARENA_RULE
+
+    problem = (f"it is laid out by the {arena.rule!r} rule, not this backend's {ARENA_RULE!r} (plan with "
+               "arena=<the backend's policy>, as a Session does)" if arena.rule != ARENA_RULE
+               else f"it is laid out for {arena.max_tokens} tokens, compile asks for {max_tokens}"
+               if max_tokens > arena.max_tokens else "")
+    if problem:
+        raise BackendError(f"[backend] webgpu cannot run the plan's arena: {problem}")
+
 
 __all__ = ["WebGpuBackend"]

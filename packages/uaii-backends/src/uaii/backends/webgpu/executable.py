@@ -2,7 +2,9 @@
 dispatches over regions of one activation arena — so that ``run`` is: write the feeds, submit, read the outputs.
 
 Activations live in one arena buffer laid out by liveness (first fit, offsets aligned for storage bindings);
-Reshape and Identity of an activation are views (the same region). Weights are uploaded at compile time in the form
+Reshape and Identity of an activation are views (the same region). The rule is arena.py's; compiled with a plan,
+every binding the plan's arena holds uses its offsets (the compile-time binding must: its size is what the plan
+counted), and only a larger one is laid out here, growing the arena. Weights are uploaded at compile time in the form
 their readers ask for: the stored encoding for GEMV/gather readers (``Lower.packed``: block-quantized bytes, f16/bf16
 words; sharded by rows when larger than one storage binding), f32/i32 for everything else. Weights named in
 ``streamed`` stay on the host and are uploaded into a staging buffer before the node that reads them, which is how a
@@ -21,6 +23,7 @@ import numpy as np
 
 from uaii.backends.analysis import NodeInfo, VType, infer_types
 from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
+from uaii.backends.webgpu.arena import VIEW_OPS, lay_out, uncovered
 from uaii.backends.webgpu.device import GpuDevice
 from uaii.backends.webgpu.lower import GpuWeight, Lower, Shard
 from uaii.backends.webgpu.program import (
@@ -28,16 +31,15 @@ from uaii.backends.webgpu.program import (
     Op,
     Region,
     Upload,
-    device_nbytes,
     from_device,
     pack_params,
     to_device,
 )
 from uaii.ir import Graph, UaiiError
+from uaii.ir.plan import ArenaLayout
 from uaii.storage import rows_ref
 
 MAX_BINDINGS = 8
-VIEW_OPS = frozenset({"Reshape", "Identity"})
 
 
 @dataclass
@@ -55,7 +57,8 @@ class WebGpuExecutable:
 
     def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: GpuDevice, *,
                  lowerings: Mapping[str, Any], max_tokens: int = 512, kv_state: bool = True,
-                 streamed: Collection[str] = (), chunk_bytes: int = 0) -> None:
+                 streamed: Collection[str] = (), chunk_bytes: int = 0, arena: ArenaLayout | None = None) -> None:
+        """``arena``: a plan's arena (arena.py's rule), whose offsets the bindings it holds use."""
         self.graph = graph
         self.infos = infos
         self.dev = dev
@@ -82,6 +85,7 @@ class WebGpuExecutable:
         self._bindings: dict[Any, Binding] = {}
         self._arena: Any = None
         self._arena_bytes = 0
+        self._planned = arena
         self.closed = False
 
     # --- weights -------------------------------------------------------------------------------------------
@@ -257,52 +261,25 @@ class WebGpuExecutable:
         return Binding(ctx.program, feeds, outputs, state, n_new, ctx.keep)
 
     def _layout(self, types: dict[str, VType]) -> dict[str, Region]:
-        """Regions of every activation: first fit by liveness in one arena; views share their source's region."""
+        """Regions of every activation (arena.py's rule); at the plan's offsets when its arena holds them."""
         align = self.dev.offset_align
         stateful = self.kv.values if self.kv is not None else frozenset()
-        root: dict[str, str] = {}
-        born: dict[str, int] = {}
-        last: dict[str, int] = {}
-        end = len(self.infos) + 1
-        for n in self.input_names:
-            root[n], born[n], last[n] = n, -1, -1
-        for i, info in enumerate(self.infos):
-            node = info.node
-            for x in node.inputs:
-                if x in root:
-                    last[root[x]] = max(last[root[x]], i)
-            for k, o in enumerate(node.outputs):
-                if not o or o in stateful:
-                    continue
-                src = node.inputs[0] if node.inputs else ""
-                if k == 0 and node.op in VIEW_OPS and src in root:
-                    root[o] = root[src]
-                else:
-                    root[o], born[o], last[o] = o, i, i
-        for o in self.output_names:
-            if o in root:
-                last[root[o]] = end
-        size = {r: max(4, device_nbytes(types[r].dtype, int(np.prod(types[r].shape, dtype=np.int64))))
-                for r in born}
-        offset: dict[str, int] = {}
-        placed: list[tuple[int, int, int, int]] = []  # (start, stop, born, last)
-        for r in sorted(born, key=lambda r: (born[r], -size[r])):
-            need = -(-size[r] // align) * align
-            at = 0
-            for s, e, b, la in sorted(placed):
-                if la < born[r] or last[r] < b:
-                    continue
-                if at + need <= s:
-                    break
-                at = max(at, e)
-            offset[r] = at
-            placed.append((at, at + need, born[r], last[r]))
-        total = max((e for _, e, _, _ in placed), default=16)
+        r = lay_out(self.infos, self.input_names, self.output_names, stateful, types, align)
+        offset, total = r.offset, r.total
+        if self._planned is not None:
+            problem = next(uncovered(r, self._planned, len(self.infos), types, align), None)
+            if problem is None:
+                offset = {s.value: s.offset for s in self._planned.slots}
+                total = self._planned.size
+            elif not self._arena_bytes:  # the first binding (prepare's, at the plan's max_tokens) must follow it
+                raise BackendError(f"[backend] webgpu: the plan's arena ({self._planned.rule}, "
+                                   f"{self._planned.max_tokens} tokens) does not fit graph {self.graph.name!r} as "
+                                   f"this executable binds it: {problem}")
         if total > self._arena_bytes:
             self._arena = self.dev.buffer(total)
             self._arena_bytes = total
             self._bindings.clear()  # earlier bindings point into the old arena
-        return {v: Region(self._arena, offset[r], size[r]) for v, r in root.items() if r in offset}
+        return {v: Region(self._arena, offset[o], r.size[o]) for v, o in r.root.items() if o in offset}
 
     # --- running -------------------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], state: Any = None) -> dict[str, np.ndarray]:
@@ -386,12 +363,13 @@ class WebGpuExecutable:
     def prepare(self) -> None:
         """Bind once for ``max_tokens`` tokens at compile time when every symbolic feed dim is the token count, so
         that weights are uploaded, pipelines compiled and the arena sized before the first run (and ``memory()``
-        reports them). A graph with a KV cache binds with a temporary state of ``max_tokens`` slots."""
+        reports them). A graph with a KV cache binds with a temporary state of ``max_tokens`` slots. With a plan,
+        every symbolic feed dim is ``max_tokens``: the shapes the plan's arena was laid out at (arena.py)."""
         tmap = self.graph.tensor_map
         shapes = {}
         for n in self.input_names:
             dims = tmap[n].shape
-            if any(isinstance(d, str) and d != "seq" for d in dims):
+            if any(isinstance(d, str) and d != "seq" for d in dims) and self._planned is None:
                 return
             shapes[n] = tuple(self.max_tokens if isinstance(d, str) else int(d) for d in dims)
         state = self.new_state(self.max_tokens) if self.kv is not None else None
