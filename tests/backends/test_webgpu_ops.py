@@ -128,6 +128,18 @@ def test_in_shader_rounding_matches_the_host_across_the_range(dtype: str) -> Non
     assert np.array_equal(got.view(np.uint16), ref.view(np.uint16)), f"{int(np.sum(got != ref))} differ"
 
 
+def test_cast_to_bf16_keeps_nan_payloads_quiet() -> None:
+    """NaNs of every sign and payload (all-ones mantissas carry into the sign when rounded as numbers) stay quiet
+    NaNs of the reference's bits through Cast f32 -> bf16, next to ordinary values and infinities."""
+    bits = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF,
+                     0x7F80FFFF, 0x7F800000, 0xFF800000, 0x3F800000, 0x3F808000, 0x3F818000, 0x00000000],
+                    np.uint32)
+    x = bits.view(np.float32).reshape(2, 7)
+    g = graph([node("Cast", ["x"], ["y"], to="bf16")], {"x": ("f32", (2, 7)), "y": ("bf16", (2, 7))}, ["x"], ["y"])
+    got, ref = run(g, {"x": x})["y"], evaluate(g, {"x": x}, {})["y"]
+    assert [hex(int(v)) for v in got.reshape(-1)] == [hex(int(v)) for v in ref.reshape(-1)]
+
+
 CHAINS: list[tuple[str, dict[str, Any]]] = [
     ("RMSNorm", {}), ("LayerNorm", {}), ("AddRMSNorm", {}), ("SwiGLU", {}), ("GeGLU", {"approximate": "tanh"}),
     ("ReduceMean", {"axes": (0,)}), ("Silu", {}), ("Gelu", {}), ("Sub", {})]

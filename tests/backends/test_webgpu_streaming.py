@@ -63,3 +63,84 @@ def test_a_streamed_table_in_chunks_equals_the_resident_run(chunk_rows: int) -> 
     assert len(uploads) == 3 * shards if shards > 1 else len(uploads) >= 1
     assert exe.memory().staging_bytes <= -(-chunk_rows * ROW // 16) * 16
     assert exe.memory().weight_bytes == 0
+
+
+def dense_graph(k: int = 48, n: int = 64, m: int = 96) -> tuple:
+    """x @ w ([K, N], read plain or in row chunks) → RMSNorm with g (a 1-D weight read whole) → @ w2ᵀ ([M, N],
+    packed, larger than w): three weights of three sizes and two ways of reading them."""
+    rng = np.random.default_rng(4)
+    arrays = {"w": rng.uniform(-1, 1, (k, n)).astype(np.float32), "g": rng.uniform(0.5, 1.5, n).astype(np.float32),
+              "w2": rng.uniform(-1, 1, (m, n)).astype(np.float32)}
+    tensors = [Tensor("x", DType.F32, (3, k)), Tensor("h", DType.F32, (3, n)), Tensor("r", DType.F32, (3, n)),
+               Tensor("y", DType.F32, (3, m)),
+               *(Tensor(w, DType.F32, a.shape, is_weight=True) for w, a in arrays.items())]
+    nodes = [Node("mm", "MatMul", ("x", "w"), ("h",)), Node("norm", "RMSNorm", ("h", "g"), ("r",)),
+             Node("head", "MatMul", ("r", "w2"), ("y",), {"transpose_b": True})]
+    return make_graph("dense", nodes, tensors, ["x"], ["h", "r", "y"]), arrays
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, 10 * 64 * 4])
+def test_streamed_weights_read_whole_are_staged_not_resident(chunk_bytes: int) -> None:
+    """A streamed f32 [K, N] MatMul weight and a streamed norm weight, which the kernels read through ctx.region, go
+    through staging like packed reads: no device bytes count as resident weights, and the results are the resident
+    run's (before, ctx.region uploaded them once and kept them, outside the budget)."""
+    g, arrays = dense_graph()
+    dev = open_device(True)
+    x = np.random.default_rng(5).uniform(-1, 1, (3, 48)).astype(np.float32)
+    resident = WebGpuExecutable(g, node_infos(g), ArrayWeights(arrays), dev, lowerings=LOWERINGS, kv_state=False)
+    want = resident.run({"x": x})
+    exe = WebGpuExecutable(g, node_infos(g), ArrayWeights(arrays), dev, lowerings=LOWERINGS, kv_state=False,
+                           streamed=tuple(arrays), chunk_bytes=chunk_bytes)
+    for _ in range(2):  # the second run refills every staging buffer from the store again
+        got = exe.run({"x": x})
+        for name in g.outputs:  # in chunks, the [K, N] product sums its K parts one after another
+            tol = 1e-5 if chunk_bytes else 0.0
+            np.testing.assert_allclose(got[name], want[name], rtol=tol, atol=tol)
+    assert exe.memory().weight_bytes == 0
+    refs = [op.ref for op in exe._bindings[((3, 48),)].program if isinstance(op, Upload)]
+    assert {"w", "g", "w2"} <= set(refs)
+
+
+def test_staging_bytes_count_every_live_staging_buffer() -> None:
+    """Two streamed weights of different sizes, the smaller first, in the same staging slot (each the only weight
+    of its node): the slot is sized once for the larger, so the buffers the program binds are exactly the ones
+    memory() counts (before, the slot grew and the outgrown buffer stayed bound and uncounted)."""
+    rng = np.random.default_rng(6)
+    arrays = {"w1": rng.uniform(-1, 1, (64, 64)).astype(np.float32),
+              "w2": rng.uniform(-1, 1, (96, 64)).astype(np.float32)}
+    tensors = [Tensor("x", DType.F32, (3, 64)), Tensor("h", DType.F32, (3, 64)), Tensor("y", DType.F32, (3, 96)),
+               *(Tensor(w, DType.F32, a.shape, is_weight=True) for w, a in arrays.items())]
+    nodes = [Node("mm1", "MatMul", ("x", "w1"), ("h",), {"transpose_b": True}),
+             Node("mm2", "MatMul", ("h", "w2"), ("y",), {"transpose_b": True})]
+    g = make_graph("two", nodes, tensors, ["x"], ["y"])
+    exe = WebGpuExecutable(g, node_infos(g), ArrayWeights(arrays), open_device(True), lowerings=LOWERINGS,
+                           kv_state=False, streamed=tuple(arrays))
+    x = rng.uniform(-1, 1, (3, 64)).astype(np.float32)
+    np.testing.assert_allclose(exe.run({"x": x})["y"], (x @ arrays["w1"].T) @ arrays["w2"].T, rtol=1e-4, atol=1e-4)
+    live = {id(op.region.buffer): op.region.buffer.size for b in exe._bindings.values() for op in b.program
+            if isinstance(op, Upload)}
+    assert len(live) >= 1
+    assert exe.memory().staging_bytes == sum(live.values())
+
+
+def test_rope_frequency_factors_of_a_streamed_weight_are_folded_in_once() -> None:
+    """RoPE's frequency-factor weight is streamed: its host value is folded into the frequencies once per
+    executable (not read back from a device buffer per binding), nothing stays resident, and two bindings (3 and 5
+    tokens) give the resident run's values."""
+    ff = np.random.default_rng(7).uniform(1.0, 4.0, 8).astype(np.float32)
+    tensors = [Tensor("x", DType.F32, ("seq", 2, 16)), Tensor("pos", DType.I64, ("seq",)),
+               Tensor("ff", DType.F32, (8,), is_weight=True), Tensor("y", DType.F32, ("seq", 2, 16))]
+    g = make_graph("rope", [Node("rope", "RoPE", ("x", "pos", "ff"), ("y",))], tensors, ["x", "pos"], ["y"])
+    dev = open_device(True)
+    resident = WebGpuExecutable(g, node_infos(g), ArrayWeights({"ff": ff}), dev, lowerings=LOWERINGS,
+                                kv_state=False)
+    exe = WebGpuExecutable(g, node_infos(g), ArrayWeights({"ff": ff}), dev, lowerings=LOWERINGS, kv_state=False,
+                           streamed=("ff",))
+    rng = np.random.default_rng(8)
+    for t in (3, 5):
+        feeds = {"x": rng.uniform(-1, 1, (t, 2, 16)).astype(np.float32), "pos": np.arange(40, 40 + t)}
+        np.testing.assert_array_equal(exe.run(feeds)["y"], resident.run(feeds)["y"])
+        ref = evaluate(g, feeds, {"ff": ff})["y"]
+        np.testing.assert_allclose(exe.run(feeds)["y"], ref, rtol=1e-4, atol=1e-4)
+    assert exe.memory().weight_bytes == 4 * 2 * 8  # the frequencies alone (two f32 parts each), not the factors
+    assert not [op for b in exe._bindings.values() for op in b.program if isinstance(op, Upload)]

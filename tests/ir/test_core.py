@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,21 @@ def test_a_format_1_plan_or_a_step_without_op_is_a_format_error() -> None:
         ExecutionPlan.from_json(_json(bad))
     with pytest.raises(TypeError, match="op"):
         Step("MatMul/1/f32", "n", (), ())  # type: ignore[call-arg]
+
+
+def test_a_plan_arena_without_its_rule_is_a_format_error() -> None:
+    """Format 2 always writes the arena's rule; an entry without one is damaged, not a plan of the generic rule (a
+    backend's arena read as the planner's would be checked against the wrong rule)."""
+    d = _plan().to_dict()
+    del d["arena"]["rule"]
+    with pytest.raises(FormatError, match="KeyError: 'rule'"):
+        ExecutionPlan.from_json(_json(d))
+
+
+def test_planned_bytes_sums_what_the_plan_holds() -> None:
+    p = _plan()
+    p = replace(p, storage=replace(p.storage, kv_cache_bytes=300, expert_cache_bytes=20))
+    assert p.planned_bytes == 5000 + 131072 + 300 + 20 + 4096
 
 
 def _json(d: object) -> str:

@@ -59,6 +59,16 @@ def test_weight_inputs_names_the_weights_of_a_node_with_their_access() -> None:
     assert get_schema("Gather").weight_inputs(gather, {"table"}, {"axis": -1}) == [WeightInput(0, "table", WHOLE)]
 
 
+def test_weight_inputs_filters_by_access() -> None:
+    node = Node("blk.0/moe", "MoEExperts", ("x", "rw", "ri", "gate", "up", "down"), ("y",),
+                {"n_experts": 8, "top_k": 2})
+    schema = get_schema("MoEExperts")
+    assert schema.weight_inputs(node, {"x", "gate", "down"}, access=EXPERTS) == [
+        WeightInput(3, "gate", EXPERTS), WeightInput(5, "down", EXPERTS)]
+    assert schema.weight_inputs(node, {"x", "gate"}, access=WHOLE) == [WeightInput(0, "x", WHOLE)]
+    assert schema.weight_inputs(node, {"gate"}, access=CHUNKS) == []
+
+
 def _schema(**kw: object) -> OpSchema:
     base: dict[str, object] = {
         "inputs": (Param("X", "T"), Param("W", "W")), "outputs": (Param("Y", "T"),),

@@ -18,11 +18,10 @@ from planner_helpers import llama, llama_feeds, random_weights
 from uaii.backends import ArrayWeights, BackendError, plan_graph
 from uaii.backends.cpu import CpuBackend
 from uaii.backends.cpu.memory import ARENA_RULE
-from uaii.ir import Graph
+from uaii.ir import FormatError, Graph
 from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, ExecutionPlan
 from uaii.planner import PlanCache, PlannerOptions, plan
 from uaii.runtime import Session
-from uaii.runtime.budget import planned_bytes
 from uaii.runtime.planning import arena_policy
 
 CPU = CpuBackend()
@@ -170,7 +169,7 @@ def test_a_smollm2_session_allocates_and_budgets_the_plans_arena(smollm2_path: P
     budget = 3 * (1 << 20) + 2 * s.plan.arena.size + 40 * (1 << 20)
     with Session(smollm2_path, max_context=64, max_batch=32, budget_bytes=budget) as b:
         assert b.plan.arena == s.plan.arena  # the budget counts the arena the executable allocates
-        assert planned_bytes(b.plan) >= b._exe.memory().arena_bytes == b.plan.arena.size
+        assert b.plan.planned_bytes >= b._exe.memory().arena_bytes == b.plan.arena.size
         assert list(b.generate([1, 5, 9], max_new_tokens=3, ignore_eos=True).tokens) == tokens
 
 
@@ -203,8 +202,9 @@ def test_the_arena_rule_survives_the_json_round_trip() -> None:
     p, _ = plan(graph, OPTS, cache=False, arena=arena_policy(CPU))
     assert ExecutionPlan.from_json(p.to_json()) == p and p.arena.rule == ARENA_RULE
     d = json.loads(p.to_json())
-    del d["arena"]["rule"]  # written before the field existed: the planner's layout
-    assert ExecutionPlan.from_json(json.dumps(d)).arena.rule == PLANNER_ARENA
+    del d["arena"]["rule"]  # format 2 always writes it: an entry without one is damaged, never the generic rule
+    with pytest.raises(FormatError, match="KeyError: 'rule'"):
+        ExecutionPlan.from_json(json.dumps(d))
 
 
 def test_a_policy_whose_layout_is_not_of_its_rule_is_refused() -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from uaii.backends import Capabilities, CpuBackend, registry
 from uaii.runtime import Session
+from uaii.runtime.capabilities import check_backend
 from uaii.runtime.errors import SessionError
 from uaii.runtime.gpu_budget import DEVICE_FRACTION, device_budget, device_streaming, plan_residency
 from uaii.runtime.model import load_bundle
@@ -128,13 +129,21 @@ def test_a_session_streams_what_the_device_budget_does_not_hold(tiny: Path, fake
 
 
 def test_a_device_budget_needs_a_device(tiny: Path, fakegpu: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Refused (named device) or warned about (auto) once, with the other options, before anything is planned:
+    ``check_backend``; ``device_streaming`` leaves a host backend's streaming as it is, re-plan or not."""
     cpu = CpuBackend()
     with pytest.raises(SessionError, match="gpu_budget_bytes=1000: the cpu backend has no device memory"):
-        device_streaming(cpu, load_bundle(tiny).graph, None, SessionOptions(gpu_budget_bytes=1000), {}, 0)
+        check_backend(cpu, SessionOptions(device="cpu", gpu_budget_bytes=1000), generative=True, model="m")
     with caplog.at_level(logging.WARNING, logger="uaii.runtime"):
-        res, kw = device_streaming(cpu, load_bundle(tiny).graph, None,
-                                   SessionOptions(device="auto", gpu_budget_bytes=1000), {"x": 1}, 0)
-    assert res is None and kw == {"x": 1} and "does not apply: device auto chose cpu" in caplog.text
+        check_backend(cpu, SessionOptions(device="auto", gpu_budget_bytes=1000), generative=True, model="m")
+    assert caplog.text.count("does not apply: device auto chose cpu") == 1
+    graph = load_bundle(tiny).graph
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="uaii.runtime"):
+        res, kw = device_streaming(cpu, graph, None, SessionOptions(device="cpu", gpu_budget_bytes=1000), {"x": 1}, 0)
+    assert res is None and kw == {"x": 1} and "gpu_budget_bytes" not in caplog.text
+    with pytest.raises(SessionError, match="gpu_budget_bytes=1000: the cpu backend has no device memory"):
+        Session(tiny, device="cpu", gpu_budget_bytes=1000, **SMALL)
     fakegpu(1 << 30, streams=False)
     with Session(tiny, device="fakegpu", **SMALL) as s:
         full = s.device_residency

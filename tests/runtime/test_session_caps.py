@@ -19,7 +19,7 @@ from uaii.backends.base import ExecutableMemory
 from uaii.ir import DType, Node, Tensor, make_graph
 from uaii.planner import BudgetError
 from uaii.runtime import Session, SessionError
-from uaii.runtime.budget import check_memory, kv_cache_bytes, planned_bytes
+from uaii.runtime.budget import check_memory, kv_cache_bytes
 from uaii.runtime.options import SessionOptions
 
 OPTS = {"max_context": 64, "max_batch": 16}
@@ -181,5 +181,5 @@ def test_the_streamer_follows_the_plans_prefetch_order(model: Path, reference: A
         assert s.streaming and len(order) > 2 and order[0].endswith("blk.5.ffn_down.weight")  # the last first
         staged = [r for r in order if not r.endswith("token_embd.weight")]  # looked up by rows, never staged
         assert list(dict.fromkeys(r.partition("@rows=")[0] for r in s._exe.streaming.order)) == staged
-        assert planned_bytes(s.plan) <= weight_bytes // 3
+        assert s.plan.planned_bytes <= weight_bytes // 3
         assert list(s.generate(IDS, max_new_tokens=6, ignore_eos=True).tokens) == tokens

@@ -5,7 +5,9 @@ it), GPU device probes, the registry (entry-point group ``uaii.backends``) and t
 
     from uaii.backends import get_backend, list_backends, select_device
     cpu = get_backend("cpu")
-    exe = cpu.compile(graph, plan, store)          # store: anything with acquire(ref) -> np.ndarray
+    exe = cpu.compile(graph, None, store)          # store: anything with acquire(ref) -> np.ndarray
+    # or with a plan laid out by the backend's arena rule: uaii.planner.plan(graph, arena=policy), where policy is
+    # what uaii.runtime.planning.arena_policy(cpu) builds from cpu.plan_arena (docs/backends.md, "arena")
     state = exe.new_state(4096)                     # KV cache for graphs with cached Attention
     out = exe.run({"tokens": ids, "positions": pos}, state)
 """

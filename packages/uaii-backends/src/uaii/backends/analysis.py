@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from uaii.backends.base import BackendError
-from uaii.ir import DType, Graph, Node
+from uaii.ir import DType, Graph, Node, Tensor
 from uaii.ir.graph import topological_order
+from uaii.ir.kvcache import KVLayer, kv_layers
 from uaii.ir.ops import InferCtx, InferError, OpSchema, TensorType
 from uaii.ir.registry import Registry, default_registry
 from uaii.ir.shapes import ShapeError
@@ -115,4 +117,64 @@ def nbytes_of(t: VType) -> int:
     return t.dtype.nbytes(int(np.prod(t.shape, dtype=np.int64)))
 
 
-__all__ = ["NodeInfo", "VType", "infer_types", "nbytes_of", "node_infos", "topological"]
+# --- the KV state and the feeds a binding is made for -----------------------------------------------------------
+@dataclass(frozen=True)
+class KvLayout:
+    """The cached Attention layers of a graph (:func:`uaii.ir.kvcache.kv_layers`) as a backend binds them to a KV
+    state: node name → layer index, per layer (kv heads, k dim, v dim), and the graph values the state holds
+    instead of the arena (past/present K and V). Built from the IR's analysis by parameter name, never by slot."""
+
+    layers: tuple[KVLayer, ...] = ()
+
+    @cached_property
+    def layer(self) -> dict[str, int]:
+        return {x.node: i for i, x in enumerate(self.layers)}
+
+    @cached_property
+    def dims(self) -> list[tuple[int, int, int]]:
+        return [(x.n_kv_heads, x.k_dim, x.v_dim) for x in self.layers]
+
+    @cached_property
+    def values(self) -> frozenset[str]:
+        return frozenset(v for x in self.layers for v in (x.past_k, x.past_v, x.present_k, x.present_v) if v)
+
+    def past_types(self, tmap: Mapping[str, Tensor]) -> dict[str, VType]:
+        """The past K/V inputs (``tmap``: the graph's tensors by name) as a binding types them: empty (0 rows),
+        since the state holds the rows."""
+        return {v: VType(tmap[v].dtype, (0, *(int(d) for d in tmap[v].shape[1:])))
+                for x in self.layers for v in (x.past_k, x.past_v)}
+
+
+def kv_layout(graph: Graph) -> KvLayout:
+    """The cached Attention layers of ``graph`` (empty when it has none)."""
+    return KvLayout(tuple(kv_layers(graph)))
+
+
+def feed_types(graph: Graph, feeds: Sequence[str], shapes: Mapping[str, Sequence[int]],
+               kv: KvLayout | None) -> dict[str, VType]:
+    """Types of the ``feeds`` at ``shapes``, and of the past inputs ``kv`` binds to its state (empty)."""
+    tmap = graph.tensor_map
+    types = {n: VType(tmap[n].dtype, tuple(int(d) for d in shapes[n])) for n in feeds}
+    if kv is not None:
+        types.update(kv.past_types(tmap))
+    return types
+
+
+def token_shapes(graph: Graph, feeds: Sequence[str], tokens: int, *,
+                 batched_only: bool) -> dict[str, tuple[int, ...]] | None:
+    """The feed shapes with every symbolic dim at ``tokens``: what an executable binds at compile time and what a
+    backend's ``plan_arena`` lays the arena out at — one function, so the two never differ. ``batched_only``
+    (compiling without a plan): None when a feed has a symbolic dim other than ``seq`` (a graph that is not
+    token-batched has no shapes to prepare for); with a plan every symbolic dim is ``tokens``, as its arena."""
+    tmap = graph.tensor_map
+    shapes = {}
+    for n in feeds:
+        dims = tmap[n].shape
+        if batched_only and any(isinstance(d, str) and d != "seq" for d in dims):
+            return None
+        shapes[n] = tuple(tokens if isinstance(d, str) else int(d) for d in dims)
+    return shapes
+
+
+__all__ = ["KvLayout", "NodeInfo", "VType", "feed_types", "infer_types", "kv_layout", "nbytes_of", "node_infos",
+           "token_shapes", "topological"]

@@ -18,14 +18,14 @@ Optional slots follow ggml's habit: :class:`BackendBase` gives every method a de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from uaii.ir import Graph, Node, Tensor, UaiiError
-from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot, ExecutionPlan
+from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot, ExecutionPlan, overlapping_slots
 
 
 class BackendError(UaiiError):
@@ -184,17 +184,54 @@ def plan_graph(graph: Graph, plan: ExecutionPlan) -> Graph:
     return replace(graph, nodes=tuple(nodes), tensors=tensors)
 
 
-def shared_slots(arena: ArenaLayout) -> tuple[BufferSlot, BufferSlot] | None:
-    """Two slots of a plan's ``arena`` live at the same step that share bytes, or None: what an executable checks
-    before it runs at the plan's offsets (a sweep over steps, as the planner's own check)."""
-    live: list[BufferSlot] = []
-    for s in sorted(arena.slots, key=lambda s: (s.first_step, s.offset)):
-        live = [a for a in live if a.last_step >= s.first_step]
-        for a in live:
-            if s.nbytes and a.nbytes and a.offset < s.offset + s.nbytes and s.offset < a.offset + a.nbytes:
-                return a, s
-        live.append(s)
-    return None
+def check_plan_arena(backend: str, rule: str, arena: ArenaLayout, max_tokens: int) -> None:
+    """Raise unless a plan's ``arena`` is one ``backend`` can follow before it binds: laid out by its ``rule``, for
+    at least ``max_tokens`` tokens. That it holds every buffer is checked when the executable binds
+    (:func:`arena_problems`)."""
+    problem = (f"it is laid out by the {arena.rule!r} rule, not this backend's {rule!r} (plan with "
+               "arena=<the backend's policy>, as a Session does)" if arena.rule != rule
+               else f"it is laid out for {arena.max_tokens} tokens, compile asks for {max_tokens}"
+               if max_tokens > arena.max_tokens else "")
+    if problem:
+        raise BackendError(f"[backend] {backend} cannot run the plan's arena: {problem}")
+
+
+def arena_problems(arena: ArenaLayout, wanted: Iterable[BufferSlot], *, rule: str, align: int,
+                   usable: int | None = None) -> Iterator[str]:
+    """Why a plan's ``arena`` cannot hold the buffers an executable binds, at the plan's offsets, first problem
+    first (nothing: it can). ``wanted``: one slot per buffer owner as the backend's rule lays it out (bytes and
+    lifetime; its offset is ignored); ``align``: the offset alignment the backend binds at; ``usable``: the bytes
+    of the arena slots may occupy (default its size; less where the backend pads it to align its start).
+
+    The one check both backends run (each keeps only its rule and sizes): its rule, every buffer in a slot of
+    enough bytes, live at the same steps, aligned and inside, no slot for what it does not bind, and no two slots
+    live at the same step sharing bytes (:func:`uaii.ir.plan.overlapping_slots`)."""
+    if arena.rule != rule:
+        yield f"it is laid out by the {arena.rule!r} rule, not {rule!r}"
+        return
+    if arena.alignment % align:
+        yield f"its offsets are {arena.alignment}-aligned, the backend binds buffers at multiples of {align}"
+        return
+    limit = arena.size if usable is None else usable
+    slots = {s.value: s for s in arena.slots}
+    want = {w.value: w for w in wanted}
+    for owner, w in want.items():
+        s = slots.get(owner)
+        if s is None:
+            yield f"no slot holds buffer {owner!r}"
+        elif s.nbytes < w.nbytes:
+            yield f"slot {owner!r} has {s.nbytes} bytes, the buffer needs {w.nbytes}"
+        elif (s.first_step, s.last_step) != (w.first_step, w.last_step):
+            yield (f"slot {owner!r} is live at steps {s.first_step}..{s.last_step}, the buffer at "
+                   f"{w.first_step}..{w.last_step}")
+        elif s.offset % align or s.offset + s.nbytes > limit:
+            yield f"slot {owner!r} at [{s.offset}, {s.offset + s.nbytes}) is not {align}-aligned inside the arena"
+    extra = [v for v in slots if v not in want]
+    if extra:
+        yield f"it has a slot for {extra[0]!r}, which is no buffer of this executable"
+    pair = next(iter(overlapping_slots(arena)), None)
+    if pair is not None:
+        yield f"slots {pair[0].value!r} and {pair[1].value!r} are live at the same step and share bytes"
 
 
 @runtime_checkable
@@ -246,8 +283,14 @@ class Executable(Protocol):
 @runtime_checkable
 class Backend(Protocol):
     name: str
+    kind: str
+    """``"cpu"`` or ``"gpu"``: ``select_device("auto")`` prefers the first available gpu backend."""
 
     def probe(self) -> DeviceStatus: ...
+
+    def devices(self) -> list[dict[str, Any]] | None:
+        """Every device (adapter) the backend sees, for ``uaii devices`` (see :meth:`BackendBase.devices`)."""
+        ...
 
     @property
     def capabilities(self) -> Capabilities: ...
@@ -277,6 +320,14 @@ class BackendBase:
 
     def probe(self) -> DeviceStatus:
         return DeviceStatus(False, "not implemented")
+
+    def devices(self) -> list[dict[str, Any]] | None:
+        """Every device (adapter) this backend can see, software ones included and marked, as ``uaii devices``
+        lists them: one dict each with ``index``, ``name``, ``vendor``, ``driver``, ``backend``, ``type``,
+        ``software``, ``usable``, ``memory_bytes``, ``limits`` (name → value) and ``features``. None (the
+        default): the backend lists no devices beyond its probe. A backend that cannot enumerate raises a
+        :class:`BackendUnavailable` whose reason the listing shows. Why here: the CLI names no backend's modules."""
+        return None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -341,7 +392,8 @@ __all__ = [
     "KVStateLike",
     "UnsupportedOpError",
     "WeightSource",
+    "arena_problems",
+    "check_plan_arena",
     "plan_graph",
-    "shared_slots",
     "weight_key",
 ]

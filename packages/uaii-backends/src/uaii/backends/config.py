@@ -7,6 +7,9 @@
                    weights, slower). The default of the CPU backend's compile option ``gemm=`` (the Session option
                    ``gemm``, the CLI's ``--gemm``). Either mode gives prefill and decode the same bits for the same
                    position.
+``UAII_ALLOW_SOFTWARE_GPU``  ``1``: a GPU backend named by ``device=`` may run on a software adapter (lavapipe,
+                   SwiftShader: correct and slow); ``device="auto"`` never picks one. The process's opt-in
+                   (:func:`uaii.backends.registry.allow_software_devices`, the CLI's ``--allow-software-adapter``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 
 CPU_GEMM_ENV = "UAII_CPU_GEMM"
+ALLOW_SOFTWARE_ENV = "UAII_ALLOW_SOFTWARE_GPU"
 GEMM_MODES = ("fast", "f32")
 
 
@@ -27,4 +31,4 @@ def cpu_gemm() -> str:
     return mode
 
 
-__all__ = ["CPU_GEMM_ENV", "GEMM_MODES", "cpu_gemm"]
+__all__ = ["ALLOW_SOFTWARE_ENV", "CPU_GEMM_ENV", "GEMM_MODES", "cpu_gemm"]

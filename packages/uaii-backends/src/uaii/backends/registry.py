@@ -7,11 +7,13 @@ exactly like ``cpu``. An entry point names a backend class or instance; instance
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from uaii.backends.base import BackendError, DeviceStatus
+from uaii.backends.base import Backend, BackendError, DeviceStatus
+from uaii.backends.config import ALLOW_SOFTWARE_ENV
 
 ENTRY_POINT_GROUP = "uaii.backends"
 LISTED = ("cpu", "cuda", "rocm", "metal", "vulkan", "webgpu")
@@ -74,12 +76,20 @@ def list_backends() -> list[tuple[str, DeviceStatus]]:
     return out
 
 
+def allow_software_devices() -> None:
+    """Let every GPU backend of this process run on a software adapter when it is named (never for ``"auto"``):
+    sets ``$UAII_ALLOW_SOFTWARE_GPU=1``, which the backends read when they choose their adapter. The process's
+    opt-in, as the registry's backend instances are shared by every session of the process."""
+    os.environ[ALLOW_SOFTWARE_ENV] = "1"
+
+
 def select_device(device: str = "auto") -> Any:
     """The backend to run on. ``"auto"``: the first available native GPU backend, else the CPU — the fallback
     is logged (a warning with every GPU backend's reason), never silent. A software device (lavapipe, SwiftShader)
     is never chosen by ``"auto"``, whatever the opt-in: it runs only when named (``"webgpu"`` with
     ``UAII_ALLOW_SOFTWARE_GPU=1`` or ``--allow-software-adapter``). A named device must be available."""
     key = (device or "auto").strip().lower()
+    backend: Backend
     if key != "auto":
         backend = get_backend(key.split(":", 1)[0])
         status = backend.probe()
@@ -89,7 +99,7 @@ def select_device(device: str = "auto") -> Any:
     reasons = []
     for name in backend_names():
         backend = get_backend(name)
-        if getattr(backend, "kind", "cpu") != "gpu":
+        if backend.kind != "gpu":
             continue
         status = backend.probe()
         if status.available and not status.software:
@@ -102,4 +112,5 @@ def select_device(device: str = "auto") -> Any:
     return get_backend("cpu")
 
 
-__all__ = ["ENTRY_POINT_GROUP", "LISTED", "backend_names", "get_backend", "list_backends", "select_device"]
+__all__ = ["ENTRY_POINT_GROUP", "LISTED", "allow_software_devices", "backend_names", "get_backend", "list_backends",
+           "select_device"]

@@ -134,6 +134,14 @@ class ExecutionPlan:
     storage: StoragePlan = field(default_factory=StoragePlan)
     metadata: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def planned_bytes(self) -> int:
+        """Every byte the plan holds, as the memory budget counts it (DESIGN §4): pinned weights, staging buffers,
+        KV cache, expert cache and the activation arena. The one sum the planner's budget check, its summary and
+        the runtime's budget report share."""
+        s = self.storage
+        return s.pinned_bytes + s.staging_bytes + s.kv_cache_bytes + s.expert_cache_bytes + self.arena.size
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["format_version"] = PLAN_FORMAT_VERSION
@@ -176,7 +184,7 @@ class ExecutionPlan:
                                                      first_step=_int(s["first_step"]),
                                                      last_step=_int(s["last_step"]))
                                           for s in arena["slots"]),
-                              rule=_str(arena.get("rule", PLANNER_ARENA))),
+                              rule=_str(arena["rule"])),
             storage=StoragePlan(
                 budget_bytes=_int(storage["budget_bytes"]),
                 weights=tuple(WeightPlacement(ref=_str(w["ref"]), nbytes=_int(w["nbytes"]),
@@ -189,6 +197,25 @@ class ExecutionPlan:
                 streamed_bytes_per_token=_int(storage.get("streamed_bytes_per_token", 0))),
             metadata=tuple((_str(k), _str(v)) for k, v in d["metadata"]),
         )
+
+
+def overlapping_slots(arena: ArenaLayout) -> list[tuple[BufferSlot, BufferSlot]]:
+    """Pairs of slots of ``arena`` that are live at the same step and share bytes; a correct plan has none. Here,
+    beside the layout, because the planner checks its plans by it and every backend checks a plan's arena by it
+    before running at its offsets: one definition of "overlap".
+
+    A sweep over steps: each slot is compared only with the slots still live when it starts, not with every slot
+    (the check of a cached plan runs this on every cache hit). Pairs come in the sweep's order, by first step."""
+    bad = []
+    live: list[BufferSlot] = []
+    for s in sorted(arena.slots, key=lambda s: (s.first_step, s.offset)):
+        live = [a for a in live if a.last_step >= s.first_step]
+        for a in live:
+            if (s.nbytes and a.nbytes and a.first_step <= s.last_step
+                    and a.offset < s.offset + s.nbytes and s.offset < a.offset + a.nbytes):
+                bad.append((a, s))
+        live.append(s)
+    return bad
 
 
 def _str(x: Any) -> str:
@@ -219,4 +246,4 @@ def _freeze(v: Any) -> Any:
 
 
 __all__ = ["PLANNER_ARENA", "PLAN_FORMAT_VERSION", "ArenaLayout", "BufferSlot", "ExecutionPlan", "Step", "StoragePlan",
-           "WeightPlacement"]
+           "WeightPlacement", "overlapping_slots"]

@@ -34,7 +34,16 @@ from uaii.planner.passes import (
 )
 from uaii.planner.planner import build_plan, fuse, plan, plan_key
 from uaii.planner.steps import Placement, kernel_id, make_steps
-from uaii.planner.storage import WEIGHT_GROUP_RULES, group_of, plan_storage, summarize, weight_group
+from uaii.planner.storage import (
+    WEIGHT_GROUP_RULES,
+    WeightUse,
+    group_of,
+    plan_storage,
+    storage_for_uses,
+    summarize,
+    weight_group,
+    weight_uses,
+)
 
 __version__ = _version("uaii-planner")
 __all__ = [
@@ -49,6 +58,7 @@ __all__ = [
     "PlanCache",
     "PlannerError",
     "PlannerOptions",
+    "WeightUse",
     "__version__",
     "assign_offsets",
     "available_passes",
@@ -77,6 +87,8 @@ __all__ = [
     "run_passes",
     "state_values",
     "status",
+    "storage_for_uses",
     "summarize",
     "weight_group",
+    "weight_uses",
 ]

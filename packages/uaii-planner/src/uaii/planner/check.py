@@ -19,7 +19,7 @@ and arena values that ``plan()`` has already derived for the call (:mod:`uaii.pl
   the backend and must be equal, slot by slot — a corrupted offset or size is caught even where it overlaps
   nothing. The planner's generic arena: one slot per arena value with the size, dtype and lifetime that liveness
   gives, aligned, inside the arena; slots live at the same step share no bytes
-  (:func:`uaii.planner.memory.overlapping_slots`).
+  (:func:`uaii.ir.plan.overlapping_slots`).
 - **storage**: the weights the steps read, each once, in first-use order, with their sizes and groups; modes the
   budget allows; prefetch order, staging buffers, expert cache and bytes per token as they follow from the modes
   (:func:`uaii.planner.storage.storage_for_modes`, which the planner makes them with); the whole within the budget.
@@ -31,29 +31,32 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 
 from uaii.ir.graph import Graph
-from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePlan
+from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot, ExecutionPlan, Step, StoragePlan, overlapping_slots
 from uaii.ir.registry import Registry
 from uaii.planner.derive import Derived, derive
-from uaii.planner.memory import overlapping_slots
+from uaii.planner.memory import ArenaPolicy
 from uaii.planner.options import PlannerOptions
 from uaii.planner.steps import make_steps
 from uaii.planner.storage import WeightUse, storage_for_modes
 
 
 def plan_problems(plan: ExecutionPlan, graph: Graph, fused: Graph, options: PlannerOptions, *, key: str = "",
-                  registry: Registry | None = None, derived: Derived | None = None) -> Iterator[str]:
+                  registry: Registry | None = None, derived: Derived | None = None,
+                  arena: ArenaPolicy | None = None) -> Iterator[str]:
     """Why ``plan`` is not a plan of ``graph`` under ``options``, most basic first (nothing: it is one).
 
     ``fused`` is ``graph`` after the options' fusion passes (:func:`uaii.planner.fuse`); ``key``, when given, is
-    the key the plan was looked up by; ``derived``, when given, is :func:`uaii.planner.derive.derive` of ``fused``
-    (under these options but for the budget), which the planner has already computed. Lazy: a caller that wants the
-    first problem pays for no further check."""
+    the key the plan was looked up by; ``arena`` is the arena policy the plan was made with (a Session's plans are
+    laid out by their backend's: without it the generic arena is expected); ``derived``, when given, is
+    :func:`uaii.planner.derive.derive` of ``fused`` (under these options but for the budget, with that policy),
+    which the planner has already computed. Lazy: a caller that wants the first problem pays for no further
+    check."""
     if key and plan.key != key:
         yield f"its key is {plan.key[:16]}…, expected {key[:16]}…"
     if plan.graph_name != graph.name:
         yield f"it is a plan of graph {plan.graph_name!r}, expected {graph.name!r}"
     yield from _dataflow(plan.steps, graph)
-    d = derived if derived is not None else derive(fused, options, registry)
+    d = derived if derived is not None else derive(fused, options, registry, arena)
     yield from _steps(plan.steps, make_steps(d.fused, d.order, options.device, registry))
     if d.arena is not None:
         yield from _same_arena(plan.arena, d.arena)
@@ -63,9 +66,11 @@ def plan_problems(plan: ExecutionPlan, graph: Graph, fused: Graph, options: Plan
 
 
 def first_problem(plan: ExecutionPlan, graph: Graph, fused: Graph, options: PlannerOptions, *, key: str = "",
-                  registry: Registry | None = None, derived: Derived | None = None) -> str | None:
+                  registry: Registry | None = None, derived: Derived | None = None,
+                  arena: ArenaPolicy | None = None) -> str | None:
     """The first of :func:`plan_problems`, or None."""
-    return next(plan_problems(plan, graph, fused, options, key=key, registry=registry, derived=derived), None)
+    return next(plan_problems(plan, graph, fused, options, key=key, registry=registry, derived=derived,
+                              arena=arena), None)
 
 
 # --- steps --------------------------------------------------------------------------------------------------
@@ -202,7 +207,7 @@ def _storage(plan: ExecutionPlan, uses: Mapping[str, WeightUse], options: Planne
         if w.mode not in (allowed if u.streamable else ("pinned",)):
             yield f"weight {w.ref!r} is {w.mode}, which a budget of {options.budget_bytes} does not allow for it"
     yield from _derived(s, storage_for_modes(list(uses.values()), [w.mode for w in s.weights], options))
-    total = s.pinned_bytes + s.staging_bytes + s.kv_cache_bytes + s.expert_cache_bytes + plan.arena.size
+    total = plan.planned_bytes
     if options.budget_bytes and total > options.budget_bytes:
         yield f"it holds {total} bytes, over the budget of {options.budget_bytes}"
 

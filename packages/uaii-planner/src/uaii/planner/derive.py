@@ -29,8 +29,9 @@ from uaii.planner.storage import WeightUse, weight_uses
 @dataclass(frozen=True)
 class Derived:
     """The fused graph, its execution order, its weight uses (:func:`uaii.planner.storage.weight_uses`, in first-use
-    order), its unplaced arena slots (:func:`uaii.planner.memory.arena_values`) and, with an arena policy, the
-    backend's arena (None: the planner lays it out from ``slots``). Read-only: it is shared."""
+    order) and either its unplaced arena slots (:func:`uaii.planner.memory.arena_values`, which the planner lays
+    out) or, with an arena policy, the backend's arena (``slots`` is then empty: the generic values are neither
+    needed nor always derivable — a backend may bound dims the generic rule cannot). Read-only: it is shared."""
 
     fused: Graph
     order: tuple[Node, ...]
@@ -42,11 +43,12 @@ class Derived:
 def derive(fused: Graph, options: PlannerOptions, registry: Registry | None = None,
            arena: ArenaPolicy | None = None) -> Derived:
     """The record of ``fused`` (the graph after the options' fusion passes, :func:`uaii.planner.fuse`); ``arena``:
-    the backend's arena policy, asked once here."""
+    the backend's arena policy, asked once here (and then the generic arena values are not derived)."""
     order = tuple(execution_order(fused))
-    return Derived(fused, order, weight_uses(fused, order, registry),
-                   tuple(arena_values(fused, order, options, registry)),
-                   arena(fused, order, options) if arena is not None else None)
+    uses = weight_uses(fused, order, registry)
+    if arena is not None:
+        return Derived(fused, order, uses, (), arena(fused, order, options))
+    return Derived(fused, order, uses, tuple(arena_values(fused, order, options, registry)))
 
 
 __all__ = ["Derived", "derive"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from uaii.ir.dtype import Dim, tensor_nbytes
 from uaii.ir.graph import Graph, Node
-from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot
+from uaii.ir.plan import PLANNER_ARENA, ArenaLayout, BufferSlot, overlapping_slots
 from uaii.ir.registry import Registry, default_registry
 from uaii.planner.errors import PlannerError
 from uaii.planner.liveness import live_intervals
@@ -216,23 +216,6 @@ class MemoryReport:
 def memory_report(arena: ArenaLayout) -> MemoryReport:
     total = sum(align_up(s.nbytes, arena.alignment) for s in arena.slots)
     return MemoryReport(arena.size, total, len(arena.slots))
-
-
-def overlapping_slots(arena: ArenaLayout) -> list[tuple[BufferSlot, BufferSlot]]:
-    """Pairs of slots that are live at the same step and share bytes; a correct plan has none.
-
-    A sweep over steps: each slot is compared only with the slots still live when it starts, not with every slot
-    (the check of a cached plan runs this on every cache hit). Pairs come in the sweep's order, by first step."""
-    bad = []
-    live: list[BufferSlot] = []
-    for s in sorted(arena.slots, key=lambda s: (s.first_step, s.offset)):
-        live = [a for a in live if a.last_step >= s.first_step]
-        for a in live:
-            if (s.nbytes and a.nbytes and a.first_step <= s.last_step
-                    and a.offset < s.offset + s.nbytes and s.offset < a.offset + a.nbytes):
-                bad.append((a, s))
-        live.append(s)
-    return bad
 
 
 __all__ = ["STATE_OUTPUTS", "ArenaPolicy", "MemoryReport", "align_up", "arena_layout", "arena_rule", "arena_values",

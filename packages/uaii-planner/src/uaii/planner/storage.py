@@ -417,7 +417,7 @@ def summarize(plan: ExecutionPlan) -> dict[str, Any]:
         if g["mode"] != w.mode:
             g["mode"] = "mixed"
     mapped = sum(w.nbytes for w in s.weights if w.mode == "mmap")
-    total = s.pinned_bytes + s.staging_bytes + s.kv_cache_bytes + s.expert_cache_bytes + plan.arena.size
+    total = plan.planned_bytes
     return {
         "budget_bytes": s.budget_bytes, "pinned_bytes": s.pinned_bytes, "staging_bytes": s.staging_bytes,
         "streamed_bytes_per_token": s.streamed_bytes_per_token, "groups": list(groups.values()),

@@ -24,6 +24,7 @@ from uaii.runtime.options import SessionOptions
 
 if TYPE_CHECKING:
     from uaii.backends.base import Backend, Executable, KVStateLike
+    from uaii.ir.plan import ExecutionPlan
 
 log = logging.getLogger("uaii.runtime")
 
@@ -107,7 +108,7 @@ def kv_cache_bytes(graph: Graph, slots: int, dtype: str = "f32") -> int:
 
 
 def check_memory(backend: Backend, exe: Executable, kv: KVStateLike | None, options: SessionOptions,
-                 plan: Any, *, enforced: bool, final: bool = False) -> int:
+                 plan: ExecutionPlan | None, *, enforced: bool, final: bool = False) -> int:
     """After compile: what the executable reports it allocates (``exe.memory()``) plus the KV state's ``nbytes``,
     held to the budget as the planner holds its plan — with the backend's own numbers instead of the planner's
     estimate (the backend's arena, not the planner's; the streaming buffers it allocates, row buffers included).
@@ -131,21 +132,13 @@ def check_memory(backend: Backend, exe: Executable, kv: KVStateLike | None, opti
         limit, what = backend.capabilities.device_memory, f"{backend.name} device memory"
     if not limit or total <= limit:
         return 0
-    estimate = planned_bytes(plan) if mem.device == "host" else 0
+    estimate = plan.planned_bytes if plan is not None and mem.device == "host" else 0
     if not final and 0 < estimate < total:
         return total - estimate
     detail = " + ".join(f"{k.replace('_', ' ')} {v}" for k, v in parts.items())
     raise BudgetError(f"[runtime] {what} of {limit} bytes is too small: the {backend.name} executable allocates "
                       f"{detail} = {total} bytes (the plan estimated {estimate}); raise the budget or lower "
                       "max_batch / max_context", budget_bytes=limit, required_bytes=total, parts=parts)
-
-
-def planned_bytes(plan: Any) -> int:
-    """What a plan's storage plan counts against the budget: pins, staging, KV and expert caches, its arena."""
-    s = getattr(plan, "storage", None)
-    if s is None:
-        return 0
-    return int(s.pinned_bytes + s.staging_bytes + s.kv_cache_bytes + s.expert_cache_bytes + plan.arena.size)
 
 
 def _moe_banks(graph: Any, streamed: set[str]) -> dict[str, list[Any]]:
@@ -155,8 +148,8 @@ def _moe_banks(graph: Any, streamed: set[str]) -> dict[str, list[Any]]:
     weights = {t.name for t in graph.weights}
     for n in graph.nodes:
         schema = find_schema(n.op, n.version)
-        reads = schema.weight_inputs(n, weights) if schema is not None else []
-        ts = [graph.tensor(w.name) for w in reads if w.access is WeightAccess.EXPERTS]
+        reads = schema.weight_inputs(n, weights, access=WeightAccess.EXPERTS) if schema is not None else []
+        ts = [graph.tensor(w.name) for w in reads]
         if any(t.weight is not None and str(t.weight) in streamed for t in ts):
             out[n.name] = ts
     return out
@@ -183,4 +176,4 @@ def bytes_per_token(graph: Any, locations: Mapping[str, Any], plan: Any) -> int:
     return total
 
 
-__all__ = ["bytes_per_token", "check_memory", "kv_cache_bytes", "planned_bytes", "storage_stats", "streaming_setup"]
+__all__ = ["bytes_per_token", "check_memory", "kv_cache_bytes", "storage_stats", "streaming_setup"]

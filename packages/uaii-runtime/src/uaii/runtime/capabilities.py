@@ -10,6 +10,7 @@ KV state options it takes.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from uaii.runtime.errors import SessionError
@@ -17,6 +18,8 @@ from uaii.runtime.options import SessionOptions
 
 if TYPE_CHECKING:
     from uaii.backends.base import Backend, Capabilities
+
+log = logging.getLogger("uaii.runtime")
 
 
 def check_backend(backend: Backend, options: SessionOptions, *, generative: bool, model: str) -> None:
@@ -29,6 +32,7 @@ def check_backend(backend: Backend, options: SessionOptions, *, generative: bool
         problems.append(f"budget_bytes={o.budget_bytes}: it does not stream weights (capabilities.streams_weights "
                         "is False), so the budget could not be kept; run without a budget or on a backend that "
                         "streams")
+    problems += _device_budget_problems(backend, o)
     problems += [f"{k}={v!r}: not among its compile options ({_listed(caps.compile_options)})"
                  for k, v in o.backend_specific().items() if k not in caps.compile_options]
     if generative:
@@ -36,6 +40,19 @@ def check_backend(backend: Backend, options: SessionOptions, *, generative: bool
     if problems:
         raise SessionError(f"[runtime] the {backend.name} backend cannot run {model} with "
                            + "; ".join(problems))
+
+
+def _device_budget_problems(backend: Backend, o: SessionOptions) -> list[str]:
+    """``gpu_budget_bytes`` for a backend without device memory: refused when the backend was named, a warning
+    (once, here, not at every plan) when ``device="auto"`` fell back to it."""
+    if not o.gpu_budget_bytes or backend.capabilities.device_memory:
+        return []
+    if o.device.strip().lower() != "auto":
+        return [f"gpu_budget_bytes={o.gpu_budget_bytes}: the {backend.name} backend has no device memory "
+                "(capabilities.device_memory is 0); its memory is the host's, which budget_bytes covers"]
+    log.warning("[runtime] gpu_budget_bytes=%d does not apply: device auto chose %s, which runs from host memory",
+                o.gpu_budget_bytes, backend.name)
+    return []
 
 
 def _kv_problems(caps: Capabilities, o: SessionOptions, model: str) -> list[str]:

@@ -6,7 +6,7 @@ Why a second budget: a backend with device memory (``Capabilities.device_memory 
 its weights, activations and KV cache there, not in host RAM; the host budget (``budget_bytes``) still decides what
 the host store keeps. A model larger than the device must still run, so what does not fit streams.
 
-The rule is the planner's, not a second one: :func:`uaii.planner.storage.storage_for_uses` with the device budget —
+The rule is the planner's, not a second one: :func:`uaii.planner.storage_for_uses` with the device budget —
 small vectors (norm scales, biases) first, then the globals, the embeddings, lm_head and the first ``pin_layers``
 trunk layers, then (``fill_pins``) further layers while the budget holds — over the arena and KV cache the device
 holds. Two differences, both of how a GPU streams: one staging buffer (the backend refills it after the work that
@@ -80,8 +80,7 @@ def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int
     """The residency of the weights ``order`` (the nodes in execution order) reads, under ``budget_bytes`` (see the
     module doc). ``host_streamed``: references the host store does not keep, which stream on the device too."""
     from uaii.ir.plan import ArenaLayout
-    from uaii.planner import BudgetError, PlannerOptions
-    from uaii.planner.storage import storage_for_uses, weight_uses
+    from uaii.planner import BudgetError, PlannerOptions, storage_for_uses, weight_uses
 
     # a GPU reads a streamed weight through its staging buffer in chunks of rows (a table's rows, a bank's experts,
     # a matrix's output features): no row lookups from the host, no expert cache
@@ -116,18 +115,11 @@ def device_streaming(backend: Backend, graph: Graph, plan: Any, options: Session
                      streaming: dict[str, Any], kv_cache_bytes: int) -> tuple[DeviceResidency | None, dict[str, Any]]:
     """For the Session: the residency on ``backend``'s device and the streaming compile options that carry it
     (``streaming``, the host's, with ``streamed`` replaced by the device's list). A host backend
-    (``device_memory == 0``) gets ``(None, streaming)`` unchanged; ``gpu_budget_bytes`` given for it is an error
-    when it was named (``device="cpu"``), a warning when ``device="auto"`` fell back to it."""
+    (``device_memory == 0``) gets ``(None, streaming)`` unchanged (``gpu_budget_bytes`` given for it was refused
+    or warned about before planning: :func:`uaii.runtime.capabilities.check_backend`)."""
     caps = backend.capabilities
     o = options
     if not caps.device_memory:
-        if o.gpu_budget_bytes:
-            if o.device.strip().lower() != "auto":
-                raise SessionError(f"[runtime] gpu_budget_bytes={o.gpu_budget_bytes}: the {backend.name} backend "
-                                   "has no device memory (capabilities.device_memory is 0); its memory is the "
-                                   "host's, which budget_bytes covers")
-            log.warning("[runtime] gpu_budget_bytes=%d does not apply: device auto chose %s, which runs from host "
-                        "memory", o.gpu_budget_bytes, backend.name)
         return None, streaming
     from uaii.backends.base import plan_graph
 

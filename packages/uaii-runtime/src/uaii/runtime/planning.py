@@ -13,8 +13,9 @@ rule keys the plan (a CPU plan is never served to WebGPU).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uaii.ir import Graph, UaiiError
 from uaii.ir.plan import PLANNER_ARENA
@@ -22,6 +23,12 @@ from uaii.runtime.budget import kv_cache_bytes
 from uaii.runtime.errors import SessionError
 from uaii.runtime.model import ModelBundle
 from uaii.runtime.options import SessionOptions
+
+if TYPE_CHECKING:
+    from uaii.backends.base import Backend
+    from uaii.ir.graph import Node
+    from uaii.ir.plan import ArenaLayout, ExecutionPlan
+    from uaii.planner import ArenaPolicy, PlannerOptions
 
 log = logging.getLogger("uaii.runtime")
 
@@ -32,7 +39,7 @@ def kv_slots(options: SessionOptions, context: int) -> int:
     return o.kv_window + o.kv_sinks if o.kv_window else context
 
 
-def arena_policy(backend: Any) -> Any:
+def arena_policy(backend: Backend) -> ArenaPolicy | None:
     """The planner's :class:`~uaii.planner.ArenaPolicy` for ``backend``: its rule (``capabilities.arena``) laying
     out the fused graph in the planner's order with ``backend.plan_arena``; None for a backend that declares it
     consumes the planner's generic layout. A backend that declares no rule is refused: the plan's arena would be
@@ -46,15 +53,15 @@ def arena_policy(backend: Any) -> Any:
         raise SessionError(f"[runtime] backend {backend.name!r} declares no arena rule (Capabilities.arena): "
                            "declare its own (and implement plan_arena) or 'planner' to run the planner's layout")
 
-    def layout(fused: Graph, order: Any, options: Any) -> Any:
+    def layout(fused: Graph, order: Sequence[Node], options: PlannerOptions) -> ArenaLayout:
         return backend.plan_arena(replace(fused, nodes=tuple(order)), options.max_tokens,
                                   memory_reuse=options.enable_memory_reuse)
 
     return ArenaPolicy(rule, layout)
 
 
-def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backend: Any, context: int,
-                 budget: int) -> tuple[Any, bool]:
+def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backend: Backend, context: int,
+                 budget: int) -> tuple[ExecutionPlan | None, bool]:
     """(plan, cache hit) of ``graph`` for a session on ``backend`` holding ``context`` tokens, planned for
     ``budget`` bytes (the session's budget, or less when the backend allocates what the plan does not count; see
     :func:`uaii.runtime.budget.check_memory`), with the backend's arena (:func:`arena_policy`). (None, False) when
@@ -87,8 +94,8 @@ def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, 
         return None, False
 
 
-def replan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backend: Any, context: int,
-           unplanned: int) -> tuple[Any, bool]:
+def replan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backend: Backend, context: int,
+           unplanned: int) -> tuple[ExecutionPlan | None, bool]:
     """The plan for the budget less the ``unplanned`` bytes the backend allocates beyond the first plan's estimate
     (logged); a BudgetError naming both when even the smallest plan does not fit what is left."""
     from uaii.planner import BudgetError

@@ -132,7 +132,8 @@ class Session:
             self._store = MmapStore(b.locations)
         self._stream_kw = stream_kw
         # W4 (device memory): which weights stay on a device backend under gpu_budget_bytes; host backends: unchanged
-        kv_device = kv_cache_bytes(graph, self._kv_slots(), o.kv_dtype) if b.generative else 0
+        on_device = b.generative and backend.capabilities.device_memory > 0  # the KV cache a device holds
+        kv_device = kv_cache_bytes(graph, self._kv_slots(), o.kv_dtype) if on_device else 0
         self.device_residency, self._device_kw = device_streaming(backend, graph, self.plan, o, stream_kw, kv_device)
         self._exe = backend.compile(graph, self.plan, self._store,
                                     **compile_options(backend.capabilities, o, self._device_kw))

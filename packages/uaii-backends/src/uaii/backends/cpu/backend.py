@@ -6,23 +6,24 @@ import platform
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+from uaii.backends.analysis import token_shapes
 from uaii.backends.base import (
     Backend,
     BackendBase,
-    BackendError,
     Capabilities,
     DeviceStatus,
     Executable,
     KVStateLike,
     UnsupportedOpError,
     WeightSource,
+    check_plan_arena,
     plan_graph,
 )
 from uaii.backends.config import cpu_gemm
 from uaii.backends.cpu.bind import BindHost
 from uaii.backends.cpu.executable import GENERIC, CpuExecutable
 from uaii.backends.cpu.kv import KV_DTYPES, POSITIONS, KVState
-from uaii.backends.cpu.memory import ARENA_RULE, arena_of, node_infos, plan_shapes
+from uaii.backends.cpu.memory import ARENA_RULE, arena_of, node_infos
 from uaii.backends.cpu.ops_fast import FAST
 from uaii.ir import PLAIN_TYPES, Graph, Node
 from uaii.ir.plan import ArenaLayout, ExecutionPlan
@@ -97,7 +98,7 @@ class CpuBackend(BackendBase):
         max_tokens with every symbolic feed dim at that count; a plan laid out by another rule, or one that does
         not cover the buffers (``kv_state``, ``memory_reuse`` or ``max_tokens`` other than planned), is an error."""
         if plan is not None:
-            _check_arena(plan.arena, max_tokens)
+            check_plan_arena(self.name, ARENA_RULE, plan.arena, max_tokens)
             graph = plan_graph(graph, plan)
         problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
         if problems:
@@ -108,7 +109,7 @@ class CpuBackend(BackendBase):
                             gemm=gemm or cpu_gemm(), streamed=streamed, prefetch_order=prefetch_order,
                             expert_cache=expert_cache, chunk_bytes=chunk_bytes,
                             arena=plan.arena if plan is not None else None)
-        shapes = plan_shapes(graph, exe.input_names, tokens) if plan is not None else _token_shapes(graph, exe, tokens)
+        shapes = token_shapes(graph, exe.input_names, tokens, batched_only=plan is None)  # plan_arena's, with a plan
         if shapes is not None:
             exe.prepare(shapes)
         return exe
@@ -117,29 +118,6 @@ class CpuBackend(BackendBase):
         if node.op in GENERIC or node.op in FAST:
             return None
         return UNSUPPORTED.get(node.op, f"op {node.op!r} is not implemented by the cpu backend")
-
-
-def _check_arena(arena: ArenaLayout, max_tokens: int) -> None:
-    """A plan's arena this backend can follow: its own rule, for at least ``max_tokens`` tokens (that it covers
-    every buffer is checked when the executable lays it out: memory.from_arena)."""
-    problem = (f"it is laid out by the {arena.rule!r} rule, not this backend's {ARENA_RULE!r} (plan with "
-               "arena=<the backend's policy>, as a Session does)" if arena.rule != ARENA_RULE
-               else f"it is laid out for {arena.max_tokens} tokens, compile asks for {max_tokens}"
-               if max_tokens > arena.max_tokens else "")
-    if problem:
-        raise BackendError(f"[backend] cpu cannot run the plan's arena: {problem}")
-
-
-def _token_shapes(graph: Graph, exe: CpuExecutable, tokens: int) -> dict[str, tuple[int, ...]] | None:
-    """Feed shapes with every symbolic dim = ``tokens`` (a token-batched graph), or None for other graphs."""
-    tmap = graph.tensor_map
-    shapes = {}
-    for n in exe.input_names:
-        dims = tmap[n].shape
-        if any(isinstance(d, str) and d != "seq" for d in dims):
-            return None
-        shapes[n] = tuple(tokens if isinstance(d, str) else int(d) for d in dims)
-    return shapes
 
 
 if TYPE_CHECKING:  # mypy holds the CPU classes to the contract they implement (base.py), structurally

@@ -17,6 +17,7 @@ import numpy as np
 from uaii.backends.base import BackendError
 from uaii.backends.cpu.memory import NodeInfo, VType
 from uaii.ir import DType, Graph
+from uaii.ir.reference import bf16_to_f32, f32_to_bf16
 from uaii.kernels import PackedWeight
 from uaii.kernels.native import ffi, lib
 
@@ -64,17 +65,14 @@ class WeightData:
 def to_f32(a: np.ndarray, dtype: DType) -> np.ndarray:
     """Float32 values of a plain-typed array (bf16 travels as raw uint16 words)."""
     if dtype is DType.BF16:
-        return (np.asarray(a, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return bf16_to_f32(a)
     return np.asarray(a, np.float32)
 
 
 def from_f32(y: np.ndarray, dtype: DType) -> np.ndarray:
     """``y`` (float32 or wider) in ``dtype``; bf16 is rounded to nearest even, NaN kept quiet."""
     if dtype is DType.BF16:
-        bits = np.ascontiguousarray(y, np.float32).view(np.uint32)
-        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-        nan = np.isnan(np.asarray(y, np.float32))
-        return np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x40), rounded).astype(np.uint16)
+        return f32_to_bf16(y)
     return np.asarray(y).astype(dtype.numpy, copy=False)
 
 

@@ -19,27 +19,28 @@ from typing import Any
 
 import numpy as np
 
+from uaii.backends.analysis import KvLayout, feed_types, kv_layout
 from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
 from uaii.backends.config import GEMM_MODES as CONFIG_GEMM_MODES
 from uaii.backends.cpu.bind import Bind, Step, WeightData, status_fail, to_f32
-from uaii.backends.cpu.kv import KeyRotation, KVState
+from uaii.backends.cpu.kv import KVState
 from uaii.backends.cpu.memory import (
     ALIGN,
     Layout,
     NodeInfo,
     VType,
-    feed_types,
     from_arena,
     infer_types,
-    kv_binding,
     nbytes_of,
     plan_layout,
 )
 from uaii.backends.cpu.ops_extra import EXTRA, expert_banks
-from uaii.backends.cpu.ops_fast import FAST, rope_inv_freq
+from uaii.backends.cpu.ops_fast import FAST
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.streaming import StreamingWeights
+from uaii.backends.kv_book import KeyRope, key_ropes
 from uaii.ir import Graph, Tensor
+from uaii.ir.kvcache import kv_bytes_per_token
 from uaii.ir.ops import UNARY
 from uaii.ir.plan import ArenaLayout
 from uaii.kernels import PackedWeight
@@ -88,11 +89,9 @@ class CpuExecutable:
         self._cache: dict[Any, Any] = {}
         self._extra_refs: list[str] = []
         self._acquired: list[np.ndarray] = []  # what acquire() returned (memory() counts it)
-        self.kv_layer: dict[str, int] = {}
-        self.kv_dims: list[tuple[int, int, int]] = []
-        self.stateful: set[str] = set()
-        if kv_state:
-            self._find_kv()
+        # the cached Attention layers bound to a KV state (analysis.py: the layout the webgpu backend binds by)
+        self.kv = kv_layout(graph) if kv_state else KvLayout()
+        self.kv_layer, self.kv_dims, self.stateful = self.kv.layer, self.kv.dims, self.kv.values
         self.input_names = tuple(n for n in graph.inputs if n not in self.stateful)
         self.output_names = tuple(n for n in graph.outputs if n not in self.stateful)
         self._layout: Layout | None = None
@@ -108,13 +107,6 @@ class CpuExecutable:
             self.weight(name)
 
     # --- compile-time analysis -----------------------------------------------------------------------------
-    def _find_kv(self) -> None:
-        """Bind the cached Attention layers (uaii.ir.kvcache: the analysis the runtime's budget uses too)."""
-        dims, self.stateful = kv_binding(self.graph)
-        for node, d in dims.items():
-            self.kv_layer[node] = len(self.kv_dims)
-            self.kv_dims.append(d)
-
     def gemm_mode_for(self, value: str) -> int:
         """The uk_gemm mode of the GEMM step that writes ``value``: mode 2 for the output projections in the
         ``fast`` mode, else the compile option's mode.
@@ -141,41 +133,11 @@ class CpuExecutable:
         return KVState(self.kv_dims, slots, dtype=dtype, window=window, sinks=sinks, max_tokens=max(slots, 1),
                        positions=positions, rotations=rotations)
 
-    def key_rotations(self) -> list[KeyRotation]:
-        """Per cached layer, the RoPE its keys were rotated with. Raises when positions within the cache would not
-        mean what they should: keys not rotated by RoPE (learned or no position embeddings: gpt2, bert), or a
-        positions input that something besides RoPE reads (it would see cache slots instead of positions)."""
-        producer = {o: info for info in self.infos for o in info.node.outputs if o}
-        readers: dict[str, set[str]] = {}
-        for info in self.infos:
-            for x in info.node.inputs:
-                readers.setdefault(x, set()).add(info.node.op)
-        if not self.kv_dims:
-            raise BackendError(f"[backend] kv positions 'cache': graph {self.graph.name!r} has no cached attention")
-        out: dict[int, KeyRotation] = {}
-        for info in self.infos:
-            layer = self.kv_layer.get(info.node.name)
-            if layer is None:
-                continue
-            where = f"node {info.node.name!r} (Attention) in graph {self.graph.name!r}"
-            rope = producer.get(info.node.inputs[1])
-            if rope is None or rope.node.op != "RoPE":
-                found = "a graph input" if rope is None else f"{rope.node.op} node {rope.node.name!r}"
-                raise BackendError(f"[backend] kv positions 'cache' re-rotates cached keys, so keys must come from a "
-                                   f"RoPE node; {where} reads keys from {found} (a model without rotary "
-                                   "embeddings: use kv_positions='absolute')")
-            pos_name = rope.node.inputs[1]
-            if pos_name not in self.graph.inputs or readers.get(pos_name, set()) != {"RoPE"}:
-                raise BackendError(f"[backend] kv positions 'cache' feeds cache slots as positions; {where}: the "
-                                   f"positions {pos_name!r} of its RoPE are not a graph input read only by RoPE nodes")
-            ff_name = rope.node.inputs[2] if len(rope.node.inputs) > 2 else ""
-            if ff_name and ff_name not in self.weight_names:
-                raise BackendError(f"[backend] kv positions 'cache': {where}: the frequency factors {ff_name!r} of "
-                                   "its RoPE are computed, not a weight")
-            rot = int(rope.attrs["rotary_dims"]) or self.kv_dims[layer][1]
-            ff = self.f32_weight(ff_name) if ff_name else None
-            out[layer] = KeyRotation(rot, rope_inv_freq(rot, rope.attrs, ff), rope.attrs["mode"] == "neox")
-        return [out[i] for i in range(len(self.kv_dims))]
+    def key_rotations(self) -> list[KeyRope]:
+        """Per cached layer, the RoPE its keys were rotated with (:func:`uaii.backends.kv_book.key_ropes`, the
+        analysis every backend shares; it raises where cache positions would not mean what they should)."""
+        return key_ropes(self.graph, self.infos, self.kv_layer, [dk for _, dk, _ in self.kv_dims], self.f32_weight,
+                         self.weight_names)
 
     # --- weights -------------------------------------------------------------------------------------------
     def weight(self, name: str) -> WeightData:
@@ -216,8 +178,7 @@ class CpuExecutable:
 
     # --- binding -------------------------------------------------------------------------------------------
     def feed_types(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, VType]:
-        kv = {node: self.kv_dims[i] for node, i in self.kv_layer.items()}
-        return feed_types(self.graph, self.infos, self.input_names, shapes, kv)
+        return feed_types(self.graph, self.input_names, shapes, self.kv)
 
     def prepare(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         """Plan the arena for the largest feed shapes a run will see (e.g. ``max_tokens`` tokens)."""
@@ -248,7 +209,7 @@ class CpuExecutable:
         arrays += self._acquired
         for v in self._cache.values():
             arrays += _arrays_of(v)
-        per_token = sum(h * (dk + dv) for h, dk, dv in self.kv_dims) * 4
+        per_token = kv_bytes_per_token(self.graph)  # f32: the analysis the runtime's budget counts by too
         staging = self.streaming.staging_bytes() if self.streaming is not None else 0
         return ExecutableMemory(arena_bytes=self.arena_bytes, weight_bytes=distinct_bytes(arrays),
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="host")

@@ -61,13 +61,6 @@ def shift_keys(rope: KeyRope, keys: np.ndarray, delta: int) -> None:
         keys[...] = work
 
 
-class KeyRotation(KeyRope):
-    """A :class:`~uaii.backends.kv_book.KeyRope` that rotates host arrays (the C kernel)."""
-
-    def shift(self, keys: np.ndarray, delta: int) -> None:
-        shift_keys(self, keys, delta)
-
-
 class KVState(KVBook):
     """Keys and values of every cached layer in host arrays; slots, positions and the window policy are
     :class:`~uaii.backends.kv_book.KVBook`'s."""
@@ -113,4 +106,4 @@ class KVState(KVBook):
                 f"{' positions=cache' if self.positions == 'cache' else ''}>")
 
 
-__all__ = ["KV_DTYPES", "POSITIONS", "KVCacheFull", "KVState", "KeyRotation", "shift_keys"]
+__all__ = ["KV_DTYPES", "POSITIONS", "KVCacheFull", "KVState", "shift_keys"]

@@ -15,12 +15,22 @@ from — after checking that it covers every buffer this analysis finds, at the 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from uaii.backends.analysis import NodeInfo, VType, infer_types, nbytes_of, node_infos, topological
-from uaii.backends.base import BackendError, shared_slots
+from uaii.backends.analysis import (
+    NodeInfo,
+    VType,
+    feed_types,
+    infer_types,
+    kv_layout,
+    nbytes_of,
+    node_infos,
+    token_shapes,
+    topological,
+)
+from uaii.backends.base import BackendError, arena_problems
 from uaii.ir import Graph
-from uaii.ir.kvcache import kv_layers
 from uaii.ir.plan import ArenaLayout, BufferSlot
 
 ALIGN = 64
@@ -88,7 +98,7 @@ class Layout:
 
 
 def plan_layout(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], feeds: Sequence[str],
-                stateful: set[str], reuse: bool = True) -> Layout:
+                stateful: AbstractSet[str], reuse: bool = True) -> Layout:
     """Place every feed and computed value in one arena. ``stateful`` values live elsewhere (the KV state)."""
     root, views, born, end = _buffers(graph, infos, types, feeds, stateful, reuse)
     offset, nbytes, size = _first_fit(born, end, {o: nbytes_of(types[o]) for o in born}, reuse)
@@ -96,7 +106,8 @@ def plan_layout(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType]
 
 
 def _buffers(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], feeds: Sequence[str],
-             stateful: set[str], reuse: bool) -> tuple[dict[str, str], dict[str, str], dict[str, int], dict[str, int]]:
+             stateful: AbstractSet[str],
+             reuse: bool) -> tuple[dict[str, str], dict[str, str], dict[str, int], dict[str, int]]:
     """(root, views, born, end): which buffer each value lives in, and when each owner is written and last read."""
     fixed = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
     root: dict[str, str] = {}
@@ -135,48 +146,17 @@ def _buffers(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], f
 
 
 # --- the plan's arena -----------------------------------------------------------------------------------------
-KVDims = Mapping[str, tuple[int, int, int]]
-"""Cached Attention node -> (kv heads, key dim, value dim): the layers bound to a KV state."""
-
-
-def kv_binding(graph: Graph) -> tuple[dict[str, tuple[int, int, int]], set[str]]:
-    """(KV dims per cached Attention node, the values the KV state holds instead of the arena)."""
-    dims: dict[str, tuple[int, int, int]] = {}
-    stateful: set[str] = set()
-    for layer in kv_layers(graph):
-        dims[layer.node] = (layer.n_kv_heads, layer.k_dim, layer.v_dim)
-        stateful.update(x for x in (layer.past_k, layer.past_v, layer.present_k, layer.present_v) if x)
-    return dims, stateful
-
-
-def feed_types(graph: Graph, infos: Sequence[NodeInfo], feeds: Sequence[str], shapes: Mapping[str, Sequence[int]],
-               kv: KVDims) -> dict[str, VType]:
-    """Types of the feeds at ``shapes``, and of the KV state's past inputs (empty: the state holds them)."""
-    tmap = graph.tensor_map
-    types = {n: VType(tmap[n].dtype, tuple(int(d) for d in shapes[n])) for n in feeds}
-    for info in infos:
-        dims = kv.get(info.node.name)
-        if dims is not None:
-            h, dk, dv = dims
-            types[info.node.inputs[3]] = VType(tmap[info.node.inputs[3]].dtype, (0, h, dk))
-            types[info.node.inputs[4]] = VType(tmap[info.node.inputs[4]].dtype, (0, h, dv))
-    return types
-
-
-def plan_shapes(graph: Graph, feeds: Sequence[str], tokens: int) -> dict[str, tuple[int, ...]]:
-    """The feed shapes a plan's arena is laid out at: every symbolic dim ``tokens`` (a Session binds every
-    symbolic input dim but the KV state's to its ``max_batch``, which is ``max_tokens``)."""
-    tmap = graph.tensor_map
-    return {n: tuple(tokens if isinstance(d, str) else int(d) for d in tmap[n].shape) for n in feeds}
-
-
 def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int, memory_reuse: bool = True) -> ArenaLayout:
     """The arena an executable of ``graph`` with its KV state bound (``kv_state=True``) lays out for
-    ``max_tokens`` tokens (:func:`plan_shapes`): the CPU backend's ``plan_arena``."""
+    ``max_tokens`` tokens (:func:`~uaii.backends.analysis.token_shapes`, as ``compile`` prepares with a plan): the
+    CPU backend's ``plan_arena``."""
     tokens = max(int(max_tokens), 1)
-    kv, stateful = kv_binding(graph)
+    kv = kv_layout(graph)
+    stateful = kv.values
     feeds = [n for n in graph.inputs if n not in stateful]
-    types = infer_types(graph, list(infos), feed_types(graph, infos, feeds, plan_shapes(graph, feeds, tokens), kv))
+    shapes = token_shapes(graph, feeds, tokens, batched_only=False)
+    assert shapes is not None
+    types = infer_types(graph, list(infos), feed_types(graph, feeds, shapes, kv))
     return to_arena(plan_layout(graph, infos, types, feeds, stateful, memory_reuse), len(infos), tokens)
 
 
@@ -197,7 +177,7 @@ def to_arena(layout: Layout, steps: int, max_tokens: int) -> ArenaLayout:
 
 
 def from_arena(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType], feeds: Sequence[str],
-               stateful: set[str], reuse: bool, arena: ArenaLayout) -> Layout:
+               stateful: AbstractSet[str], reuse: bool, arena: ArenaLayout) -> Layout:
     """The layout of a plan's ``arena``: this rule's buffers (views, in-place reuse) at the plan's offsets.
     Raises a BackendError naming the first buffer the arena does not cover (missing, smaller, another lifetime,
     misaligned, outside the arena, sharing live bytes) or holds that this analysis does not find."""
@@ -215,31 +195,14 @@ def from_arena(graph: Graph, infos: Sequence[NodeInfo], types: dict[str, VType],
 
 
 def _uncovered(mine: Layout, arena: ArenaLayout, steps: int) -> Iterator[str]:
-    if arena.rule != ARENA_RULE:
-        yield f"it is laid out by the {arena.rule!r} rule, not {ARENA_RULE!r}"
-        return
-    slots = {s.value: s for s in arena.slots}
-    for owner in mine.born:
-        s, want = slots.get(owner), _slot(mine, owner, steps)
-        if s is None:
-            yield f"no slot holds buffer {owner!r}"
-        elif s.nbytes < want.nbytes:
-            yield f"slot {owner!r} has {s.nbytes} bytes, the buffer needs {want.nbytes}"
-        elif (s.first_step, s.last_step) != (want.first_step, want.last_step):
-            yield (f"slot {owner!r} is live at steps {s.first_step}..{s.last_step}, the buffer at "
-                   f"{want.first_step}..{want.last_step}")
-        elif s.offset % ALIGN or s.offset + s.nbytes > arena.size - ALIGN:
-            yield f"slot {owner!r} at [{s.offset}, {s.offset + s.nbytes}) is not {ALIGN}-aligned inside the arena"
-    extra = [v for v in slots if v not in mine.born]
-    if extra:
-        yield f"it has a slot for {extra[0]!r}, which is no buffer of this executable"
-    pair = shared_slots(arena)
-    if pair is not None:
-        yield f"slots {pair[0].value!r} and {pair[1].value!r} are live at the same step and share bytes"
+    """The check every backend runs (:func:`uaii.backends.base.arena_problems`) on this rule's buffers; the arena
+    is :data:`ALIGN` bytes larger than its slots use, so that its start can be aligned."""
+    wanted = (_slot(mine, o, steps) for o in mine.born)
+    return arena_problems(arena, wanted, rule=ARENA_RULE, align=ALIGN, usable=arena.size - ALIGN)
 
 
 def _inplace_target(info: NodeInfo, slot: int, types: Mapping[str, VType], root: Mapping[str, str],
-                    last: Mapping[str, int], fixed: set[str], graph: Graph) -> str | None:
+                    last: Mapping[str, int], fixed: AbstractSet[str], graph: Graph) -> str | None:
     """An input whose buffer output ``slot`` may take over: the schema allows it, the input is computed (not a
     feed, weight or constant), nothing reads its buffer after this node, and the sizes match."""
     out = info.node.outputs[slot]
@@ -284,6 +247,5 @@ def _first_fit(born: Mapping[str, int], end: Mapping[str, int], size: Mapping[st
     return offset, dict(size), top
 
 
-__all__ = ["ALIGN", "ARENA_RULE", "KVDims", "Layout", "NodeInfo", "VType", "arena_of", "feed_types", "from_arena",
-           "infer_types", "kv_binding", "nbytes_of", "node_infos", "plan_layout", "plan_shapes", "to_arena",
-           "topological", "view_source"]
+__all__ = ["ALIGN", "ARENA_RULE", "Layout", "NodeInfo", "VType", "arena_of", "from_arena", "infer_types", "nbytes_of",
+           "node_infos", "plan_layout", "to_arena", "topological", "view_source"]

@@ -203,8 +203,7 @@ def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where:
 def expert_banks(info: NodeInfo, weights: Collection[str]) -> list[str]:
     """The expert banks a node reads: the inputs among ``weights`` that its schema reads by EXPERTS, in slot order
     (MoEExperts: gate, up, down)."""
-    reads = info.schema.weight_inputs(info.node, weights, info.attrs)
-    return [w.name for w in reads if w.access is WeightAccess.EXPERTS]
+    return [w.name for w in info.schema.weight_inputs(info.node, weights, info.attrs, access=WeightAccess.EXPERTS)]
 
 
 def moe_experts(b: Bind, info: NodeInfo) -> list[Step]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from uaii.backends.cpu.bind import NULL, Bind, Step, fptr, kernel, lib, numpy_step, vptr
 from uaii.backends.cpu.memory import NodeInfo
+from uaii.backends.kv_book import rope_frequencies
 from uaii.ir import DType
 from uaii.kernels import DEQUANT_TYPES
 
@@ -162,33 +163,9 @@ def glu(b: Bind, info: NodeInfo) -> list[Step] | None:
 
 # --- rotary embeddings ---------------------------------------------------------------------------------------
 def rope_inv_freq(rot: int, attrs: dict[str, Any], freq_factors: np.ndarray | None) -> np.ndarray:
-    """The rot/2 angular frequencies with freq_factors and the scaling scheme folded in (as the IR's RoPE doc
-    and the reference say: factors divide first, then linear / llama3 / yarn scaling)."""
-    theta = float(attrs["theta"])
-    inv = theta ** (-np.arange(0, rot, 2, dtype=np.float64) / rot)
-    if freq_factors is not None:
-        inv = inv / np.asarray(freq_factors, np.float64).reshape(-1)
-    kind, factor = attrs["scaling_type"], float(attrs["factor"])
-    original = int(attrs["original_max_position"])
-    if kind == "linear":
-        inv = inv / factor
-    elif kind == "llama3":
-        low, high = float(attrs["low_freq_factor"]), float(attrs["high_freq_factor"])
-        wavelen = 2.0 * math.pi / inv
-        smooth = (original / wavelen - low) / (high - low)
-        blended = (1.0 - smooth) * inv / factor + smooth * inv
-        out = np.where(wavelen > original / low, inv / factor, inv)
-        medium = (wavelen >= original / high) & (wavelen <= original / low)
-        inv = np.where(medium, blended, out)
-    elif kind == "yarn":
-        def corr(rotations: float) -> float:
-            return rot * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-        lo = max(math.floor(corr(float(attrs["beta_fast"]))), 0)
-        hi = min(math.ceil(corr(float(attrs["beta_slow"]))), rot - 1)
-        ramp = np.clip((np.arange(rot // 2) - lo) / ((hi - lo) or 0.001), 0.0, 1.0)
-        inv = inv / factor * ramp + inv * (1.0 - ramp)
-    return inv.astype(np.float32)
+    """The rot/2 angular frequencies, float32 as the kernels take them: the one formula of
+    :func:`uaii.backends.kv_book.rope_frequencies` (the reference's), rounded."""
+    return rope_frequencies(rot, attrs, freq_factors).astype(np.float32)
 
 
 def rope_freqs(b: Bind, info: NodeInfo, head_dim: int) -> tuple[int, np.ndarray] | None:

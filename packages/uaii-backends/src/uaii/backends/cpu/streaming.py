@@ -22,9 +22,10 @@ is the plan's ``storage.prefetch_order`` (each weight expanded to its row chunks
 How a node reads each weight is its op schema's ``WeightAccess`` (the planner sized staging by the same
 declaration). Two kinds never go through staging:
 
-* a table read by rows (``ROWS``: an Embedding or Gather table) is read row by row: one ``pread`` of each looked-up
-  row, addressed ``ref@rows=i:i+1`` (a row of a block-quantized table is contiguous, ``d / block_size * type_size``
-  bytes) into small aligned row buffers; the table is never staged or pinned for the lookup.
+* a table read by rows (``ROWS``: an Embedding or Gather table, of any rank: a row is everything after axis 0) is
+  read row by row: one ``pread`` of each looked-up row, addressed ``ref@rows=i:i+1`` (a row of a block-quantized
+  table is contiguous, ``d / block_size * type_size`` bytes) into small aligned row buffers; the table is never
+  staged or pinned for the lookup (the planner sizes staging without it).
 * MoE expert banks (``EXPERTS``): after routing, only the selected experts' references (``#e=N``) are read, through
   an :class:`~uaii.storage.ExpertCache` (byte-budgeted LRU) so that repeats are served from memory.
 
@@ -59,6 +60,11 @@ ROW_OPS = {"Embedding": False, "Gather": True}
 the end (Gather) or is an error (an Embedding's token ids)."""
 CHUNK_OPS = {"MatMul": False, "MatMulRelu": True}
 """The ops whose weight reads by output rows (``WeightAccess.ROW_CHUNKS``) the chunk path computes → relu after."""
+
+
+def _row_elements(t: Any) -> int:
+    """Elements of one row of the table ``t``: everything after axis 0 (1 for a vector)."""
+    return int(np.prod([int(x) for x in t.shape[1:]], dtype=np.int64))
 
 
 class StreamingWeights:
@@ -117,16 +123,17 @@ class StreamingWeights:
 
     def staging_bytes(self) -> int:
         """Bytes streaming reads through: the store's staging pool, the embedding row buffers, the expert cache."""
-        from uaii.storage import PAGE, round_up
-
-        rows = 0
-        for info in self.exe.infos:
-            table = self._row_table(info)
-            if table is not None:
-                t = self.exe.graph.tensor(table)
-                rows = max(rows, (round_up(t.dtype.nbytes(int(t.shape[1])), PAGE) + PAGE) * ROW_CHUNK)
+        rows = self._row_buffer_bytes() * ROW_CHUNK
         cache = int(self.expert_cache.budget_bytes) if self.expert_cache is not None else 0
         return int(getattr(self.store, "staging_capacity", 0)) + rows + cache
+
+    def _row_buffer_bytes(self) -> int:
+        """Bytes of one row buffer: the longest row of any table the row path reads, plus a page (a read may
+        straddle one); 0 without such a table. :meth:`staging_bytes` counts what :meth:`_row_step` allocates."""
+        from uaii.storage import PAGE, round_up
+
+        tables = [self.exe.graph.tensor(x) for x in map(self._row_table, self.exe.infos) if x is not None]
+        return max((round_up(t.dtype.nbytes(_row_elements(t)), PAGE) + PAGE for t in tables), default=0)
 
     # --- what a node reads -----------------------------------------------------------------------------------
     def streamed_inputs(self, info: NodeInfo) -> list[str]:
@@ -136,17 +143,18 @@ class StreamingWeights:
         """The node's weights in ``among`` (default: the streamed ones) that its op reads with ``access``, in slot
         order. The op's schema says how it reads each input (``uaii.ir.ops.WeightAccess``); no slot or op name here."""
         names = self.names if among is None else among
-        return [w.name for w in info.schema.weight_inputs(info.node, names, info.attrs) if w.access is access]
+        return [w.name for w in info.schema.weight_inputs(info.node, names, info.attrs, access=access)]
 
     def _row_table(self, info: NodeInfo) -> str | None:
-        """The streamed 2-D table a node reads by rows (ROWS access) when the row path computes its op: rows copied
-        (the output keeps the table's dtype) or dequantized into f32. None: the node stages what it reads."""
+        """The streamed table a node reads by rows (ROWS access) when the row path computes its op: rows (all after
+        axis 0, whole blocks) copied (the output keeps the table's dtype) or dequantized into f32. None: the node
+        stages what it reads."""
         tables = self._reads(info, WeightAccess.ROWS)
         if len(tables) != 1 or info.node.op not in ROW_OPS or len(info.node.inputs) != 2:
             return None
         t = self.exe.graph.tensor(tables[0])
         out = self.exe.graph.tensor(info.node.outputs[0]).dtype
-        if len(t.shape) != 2 or t.weight is None or (out is not t.dtype and (
+        if not t.shape or _row_elements(t) % t.dtype.block_size or t.weight is None or (out is not t.dtype and (
                 t.dtype not in DEQUANT_TYPES or out is not DType.F32)):
             return None
         return tables[0]
@@ -241,7 +249,8 @@ class StreamingWeights:
 
     # --- runs ------------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Queue this run's reads (in execution order); already queued or staged ones are skipped."""
+        """Queue this run's reads (the plan's prefetch order, :attr:`order`); already queued or staged ones are
+        skipped."""
         if self.order and not self._closed:
             self.store.prefetch(self.order)
 
@@ -253,15 +262,13 @@ class StreamingWeights:
     def _row_step(self, b: Bind, info: NodeInfo, table: str) -> Step:
         """Each looked-up row of ``table`` read on its own (``ref@rows=i:i+1``, the one row syntax of
         ``uaii.storage``) into a small row buffer, then copied to its output row, or dequantized into f32."""
-        from uaii.storage import PAGE, AlignedBuffer, round_up, rows_ref
+        from uaii.storage import AlignedBuffer, rows_ref
 
         node, t = info.node, self.exe.graph.tensor(table)
         assert t.weight is not None
-        vocab, d = (int(x) for x in t.shape)
-        if not self._row_bufs:  # one set for every table: sized for the longest row (a read may straddle a page)
-            tables = [self.exe.graph.tensor(x) for x in map(self._row_table, self.exe.infos) if x is not None]
-            size = max(round_up(u.dtype.nbytes(int(u.shape[1])), PAGE) + PAGE for u in tables)
-            self._row_bufs = [AlignedBuffer(size) for _ in range(ROW_CHUNK)]
+        vocab, d = int(t.shape[0]), _row_elements(t)
+        if not self._row_bufs:  # one set for every table, sized for the longest row
+            self._row_bufs = [AlignedBuffer(self._row_buffer_bytes()) for _ in range(ROW_CHUNK)]
         bufs, wraps, ref, store = self._row_bufs, ROW_OPS[node.op], str(t.weight), self.store
         ids = b.index_as(node.inputs[1 - node.inputs.index(table)], np.int64)
         y = b.a(node.outputs[0])

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uaii.backends.analysis import NodeInfo, VType, infer_types
-from uaii.backends.base import shared_slots
-from uaii.backends.webgpu.kv import find_kv
+from uaii.backends.analysis import NodeInfo, VType, feed_types, infer_types, kv_layout, token_shapes
+from uaii.backends.base import arena_problems
 from uaii.backends.webgpu.program import device_nbytes
 from uaii.ir import Graph
 from uaii.ir.plan import ArenaLayout, BufferSlot
@@ -99,15 +98,12 @@ def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int) -> ArenaL
     """The arena an executable of ``graph`` with its KV state bound allocates for ``max_tokens`` tokens: the
     binding ``prepare`` makes at compile time (every symbolic feed dim at ``max_tokens``), one slot per owner."""
     tokens = max(int(max_tokens), 1)
-    kv = find_kv(graph)
-    stateful = kv.values if kv is not None else frozenset()
-    tmap = graph.tensor_map
+    kv = kv_layout(graph)
+    stateful = kv.values
     feeds = [n for n in graph.inputs if n not in stateful]
-    types = {n: VType(tmap[n].dtype, tuple(tokens if isinstance(d, str) else int(d) for d in tmap[n].shape))
-             for n in feeds}
-    if kv is not None:
-        types.update(kv.past_types(tmap))
-    types = infer_types(graph, list(infos), types)
+    shapes = token_shapes(graph, feeds, tokens, batched_only=False)
+    assert shapes is not None
+    types = infer_types(graph, list(infos), feed_types(graph, feeds, shapes, kv))
     outputs = [n for n in graph.outputs if n not in stateful]
     r = lay_out(infos, feeds, outputs, stateful, types, ALIGN)
     slots = sorted((_slot(r, o, len(infos), types) for o in r.offset), key=lambda s: (s.first_step, s.value))
@@ -115,29 +111,10 @@ def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int) -> ArenaL
 
 
 def uncovered(r: Regions, arena: ArenaLayout, steps: int, types: dict[str, VType], align: int) -> Iterator[str]:
-    """Why the plan's ``arena`` cannot hold the regions ``r`` (laid out for ``types``) at its offsets."""
-    if arena.rule != ARENA_RULE:
-        yield f"it is laid out by the {arena.rule!r} rule, not {ARENA_RULE!r}"
-        return
-    if arena.alignment % align:
-        yield f"its offsets are {arena.alignment}-aligned, the device binds storage at multiples of {align}"
-        return
-    slots = {s.value: s for s in arena.slots}
-    for owner in r.born:
-        s, want = slots.get(owner), _slot(r, owner, steps, types)
-        if s is None:
-            yield f"no slot holds activation {owner!r}"
-        elif s.nbytes < want.nbytes or s.offset % align or s.offset + want.nbytes > arena.size:
-            yield f"slot {owner!r} at [{s.offset}, {s.offset + s.nbytes}) does not hold its {want.nbytes} bytes"
-        elif (s.first_step, s.last_step) != (want.first_step, want.last_step):
-            yield (f"slot {owner!r} is live at steps {s.first_step}..{s.last_step}, the activation at "
-                   f"{want.first_step}..{want.last_step}")
-    extra = [v for v in slots if v not in r.born]
-    if extra:
-        yield f"it has a slot for {extra[0]!r}, which is no activation region of this executable"
-    pair = shared_slots(arena)
-    if pair is not None:
-        yield f"slots {pair[0].value!r} and {pair[1].value!r} are live at the same step and share bytes"
+    """Why the plan's ``arena`` cannot hold the regions ``r`` (laid out for ``types``) at its offsets: the check
+    every backend runs (:func:`uaii.backends.base.arena_problems`) on this rule's slots, at the device's offset
+    alignment ``align``."""
+    return arena_problems(arena, (_slot(r, o, steps, types) for o in r.born), rule=ARENA_RULE, align=align)
 
 
 __all__ = ["ALIGN", "ARENA_RULE", "VIEW_OPS", "Regions", "arena_of", "lay_out", "uncovered"]

@@ -14,6 +14,7 @@ from uaii.backends.base import (
     DeviceStatus,
     UnsupportedOpError,
     WeightSource,
+    check_plan_arena,
     plan_graph,
 )
 from uaii.ir import Graph, Node
@@ -43,6 +44,13 @@ class WebGpuBackend(BackendBase):
         except Exception as exc:  # a probe never raises
             return DeviceStatus(False, f"probe failed: {type(exc).__name__}: {exc}")
         return DeviceStatus(True, "", [info.describe()], software=info.software)
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Every adapter wgpu enumerates, software ones included and marked (:meth:`AdapterInfo.as_dict`); raises
+        BackendUnavailable (``wgpu`` not installed) with the reason the listing shows."""
+        from uaii.backends.webgpu.device import adapters
+
+        return [a.as_dict() for a in adapters()]
 
     @property
     def capabilities(self) -> Capabilities:
@@ -101,7 +109,9 @@ class WebGpuBackend(BackendBase):
             raise BackendError("[backend] webgpu: an expert cache is a host-memory structure; the device streams "
                                "expert banks shard by shard (compile without expert_cache)")
         if plan is not None:
-            _check_arena(plan.arena, max_tokens)
+            from uaii.backends.webgpu.arena import ARENA_RULE
+
+            check_plan_arena(self.name, ARENA_RULE, plan.arena, max_tokens)
             graph = plan_graph(graph, plan)
         problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
         if problems:
@@ -113,19 +123,6 @@ class WebGpuBackend(BackendBase):
                                arena=plan.arena if plan is not None else None)
         exe.prepare()
         return exe
-
-
-def _check_arena(arena: ArenaLayout, max_tokens: int) -> None:
-    """A plan's arena this backend can follow: its own rule, for at least ``max_tokens`` tokens (that it holds
-    every activation is checked when the executable binds: arena.uncovered)."""
-    from uaii.backends.webgpu.arena import ARENA_RULE
-
-    problem = (f"it is laid out by the {arena.rule!r} rule, not this backend's {ARENA_RULE!r} (plan with "
-               "arena=<the backend's policy>, as a Session does)" if arena.rule != ARENA_RULE
-               else f"it is laid out for {arena.max_tokens} tokens, compile asks for {max_tokens}"
-               if max_tokens > arena.max_tokens else "")
-    if problem:
-        raise BackendError(f"[backend] webgpu cannot run the plan's arena: {problem}")
 
 
 __all__ = ["WebGpuBackend"]

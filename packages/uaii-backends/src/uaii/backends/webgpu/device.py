@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uaii.backends.base import BackendError, BackendUnavailable
+from uaii.backends.config import ALLOW_SOFTWARE_ENV
 
-ALLOW_SOFTWARE_ENV = "UAII_ALLOW_SOFTWARE_GPU"
 MAX_BINDING_ENV = "UAII_WEBGPU_MAX_BINDING"
 ADAPTER_ENV = "UAII_WEBGPU_ADAPTER"
 SOFTWARE_NAMES = ("llvmpipe", "lavapipe", "softpipe", "swiftshader", "microsoft basic render")
@@ -205,7 +205,7 @@ class GpuDevice:
         wgpu = _wgpu()
         self.wgpu = wgpu
         self.info = info
-        wanted = [f for f in ("shader-f16", "subgroup", "timestamp-query") if f in info.features]
+        wanted = [f for f in KEY_FEATURES if f in info.features]
         limits = {k: v for k, v in info.limits.items() if k.startswith("max-") or k.startswith("min-")}
         self.device = adapter.request_device_sync(required_features=wanted, required_limits=limits)
         self.queue = self.device.queue

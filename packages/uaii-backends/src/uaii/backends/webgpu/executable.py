@@ -14,7 +14,7 @@ model larger than the device budget runs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -33,9 +33,11 @@ from uaii.backends.webgpu.program import (
     Upload,
     from_device,
     pack_params,
+    padded,
     to_device,
 )
 from uaii.ir import Graph, UaiiError
+from uaii.ir.kvcache import kv_bytes_per_token
 from uaii.ir.plan import ArenaLayout
 from uaii.storage import rows_ref
 
@@ -68,14 +70,18 @@ class WebGpuExecutable:
         self._source = weights
         tmap = graph.tensor_map
         self.weight_names = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
-        self.streamed = {t.name for t in graph.tensors if t.is_weight and weight_key(t) in set(streamed)}
+        refs = set(streamed)
+        self.streamed = {t.name for t in graph.tensors if t.is_weight and weight_key(t) in refs}
         self._plain: dict[str, Region] = {}
         self._packed: dict[str, GpuWeight] = {}
+        self._wholes: dict[str, Region] = {}
+        self._derived: dict[str, Region] = {}
         self._acquired: set[str] = set()
         self._staging: list[Any] = []
         self._staging_bytes = 0
         self.weight_bytes = 0
         self._tmap = tmap
+        self._slot_bytes = self._slot_size()
         from uaii.backends.webgpu.kv import find_kv
 
         self.kv = find_kv(graph) if kv_state else None
@@ -102,30 +108,76 @@ class WebGpuExecutable:
         self._acquired.add(ref)
         return np.asarray(self._source.acquire(ref))
 
+    def is_streamed(self, name: str) -> bool:
+        return name in self.streamed
+
+    def _device_form(self, name: str, data: np.ndarray) -> np.ndarray:
+        """Host data of a weight or constant → what the device holds when it is read whole: f32 (floats; block types
+        dequantized on the host) or i32 (ints)."""
+        t = self._tmap[name]
+        if not t.dtype.is_quantized:
+            return to_device(data, t.dtype)
+        from uaii.kernels import dequantize
+
+        data = dequantize(np.ascontiguousarray(data).reshape(-1).view(np.uint8), t.dtype,
+                          int(np.prod([int(d) for d in t.shape])))
+        return np.ascontiguousarray(data, np.float32).reshape(-1)
+
+    def host_value(self, name: str) -> np.ndarray:
+        """A weight's or constant's device form (:meth:`_device_form`) on the host. A streamed weight is released
+        again (a copy is returned), so reading it does not pin it in host memory."""
+        if name not in self.streamed:
+            return self._device_form(name, self._host(name))
+        ref = weight_key(self._tmap[name])
+        try:
+            return np.array(self._device_form(name, np.asarray(self._source.acquire(ref))), copy=True)
+        finally:
+            self._source.release(ref)
+
     def plain_weight(self, name: str) -> Region:
-        """A weight or constant as f32 (floats; block types dequantized on the host) or i32 (ints), whole."""
+        """A resident weight or constant in its device form (:meth:`_device_form`), whole."""
         r = self._plain.get(name)
         if r is None:
-            t = self._tmap[name]
-            data = self._host(name)
-            if t.dtype.is_quantized:
-                from uaii.kernels import dequantize
-
-                data = dequantize(np.ascontiguousarray(data).reshape(-1).view(np.uint8), t.dtype,
-                                  int(np.prod([int(d) for d in t.shape])))
-                arr = np.ascontiguousarray(data, np.float32).reshape(-1)
-            else:
-                arr = to_device(data, t.dtype)
-            r = self._upload(arr.view(np.uint8))
-            self._plain[name] = r
+            r = self._plain[name] = self._upload(self._device_form(name, self._host(name)).view(np.uint8))
         return r
+
+    def derived(self, key: str, build: Callable[[], np.ndarray]) -> Region:
+        """Data a lowering computes on the host from weights and attributes only (RoPE frequencies), uploaded once
+        per executable under ``key`` and counted with the weights: every binding of the node shares it."""
+        r = self._derived.get(key)
+        if r is None:
+            r = self._derived[key] = self._upload(np.ascontiguousarray(build()).reshape(-1).view(np.uint8))
+        return r
+
+    def staged_whole(self, name: str, node: str, slot: int) -> Upload:
+        """A streamed weight read whole in its device form (as :meth:`plain_weight`), through staging buffer
+        ``slot``: the upload's region is what the reader binds, refilled from the store before each use."""
+        t = self._tmap[name]
+        key = f"{name}\0{slot}"
+        region = self._wholes.get(key)
+        if region is None:
+            nbytes = 4 * int(np.prod([int(d) for d in t.shape], dtype=np.int64))
+            if nbytes > self._slot_bytes:
+                raise BackendError(f"[backend] webgpu: node {node!r} reads streamed weight {name!r} whole: its "
+                                   f"{nbytes} bytes as the device holds them exceed the staging buffer of "
+                                   f"{self._slot_bytes} bytes (chunk_bytes {self.chunk_bytes}); keep it resident")
+            region = self._wholes[key] = Region(self._slot_buffer(slot), 0, nbytes)
+        return Upload(node, weight_key(t), region, partial(self._write_whole, name, region))
+
+    def _write_whole(self, name: str, region: Region, queue: Any) -> None:
+        ref = weight_key(self._tmap[name])
+        try:
+            data = self._device_form(name, np.asarray(self._source.acquire(ref)))
+            queue.write_buffer(region.buffer, region.offset, padded(data.view(np.uint8)))
+        finally:
+            self._source.release(ref)
 
     def _upload(self, raw: np.ndarray) -> Region:
         if raw.nbytes > self.dev.max_binding:
             raise BackendError(f"[backend] webgpu: a weight of {raw.nbytes} bytes read whole exceeds the storage "
                                f"binding limit {self.dev.max_binding}")
         buf = self.dev.buffer(raw.nbytes)
-        self.dev.queue.write_buffer(buf, 0, _padded(raw))
+        self.dev.queue.write_buffer(buf, 0, padded(raw))
         self.weight_bytes += buf.size
         return Region(buf, 0, raw.nbytes)
 
@@ -141,7 +193,8 @@ class WebGpuExecutable:
             if w is None:
                 w = self._packed[key] = self._staged(name, shape, slot)
             staged = w
-            return w, [Upload(node, weight_key(t), s.region, partial(self._rows, name, staged, s)) for s in w.shards]
+            return w, [Upload(node, weight_key(t), s.region, partial(self._write_rows, name, staged, s))
+                       for s in w.shards]
         w = self._packed.get(name)
         if w is None:
             flat = self._packed_bytes(name)
@@ -190,46 +243,68 @@ class WebGpuExecutable:
         row = dtype.nbytes(int(np.prod(shape[1:], dtype=np.int64)))
         return start * row, stop * row
 
+    def _slot_size(self) -> int:
+        """Bytes of every staging buffer, fixed at construction so that a buffer never grows (bind groups keep
+        pointing at it): the largest piece a streamed weight uploads at once — its largest shard (at most
+        ``chunk_bytes`` and one binding), and for a 1-D weight (norms read them whole) its f32/i32 form."""
+        need = 0
+        for name in self.streamed:
+            t = self._tmap[name]
+            shape = tuple(int(d) for d in t.shape)
+            for a, b in self._row_splits(t.dtype, shape, self.chunk_bytes):
+                lo, hi = self._byte_range(t.dtype, shape, a, b)
+                need = max(need, hi - lo)
+            if len(shape) <= 1:
+                need = max(need, 4 * int(np.prod(shape, dtype=np.int64)))
+        return need
+
+    def _slot_buffer(self, slot: int) -> Any:
+        """Staging buffer ``slot`` (one per streamed weight a node reads), created on first use at the fixed size."""
+        while len(self._staging) <= slot:
+            self._staging.append(None)
+        buf = self._staging[slot]
+        if buf is None:
+            buf = self._staging[slot] = self.dev.buffer(self._slot_bytes)
+            self._staging_bytes += buf.size
+        return buf
+
     def _staged(self, name: str, shape: tuple[int, ...], slot: int) -> GpuWeight:
         """A streamed weight as shards of at most ``chunk_bytes`` (and one binding), all in staging buffer ``slot``:
         the shards take turns in it, each uploaded after the work that read the previous one was submitted."""
         t = self._tmap[name]
         splits = self._row_splits(t.dtype, shape, self.chunk_bytes)
         spans = [self._byte_range(t.dtype, shape, a, b) for a, b in splits]
-        need = max(hi - lo for lo, hi in spans)
-        while len(self._staging) <= slot:
-            self._staging.append(None)
-        buf = self._staging[slot]
-        if buf is None or buf.size < need:
-            buf = self._staging[slot] = self.dev.buffer(need)
-            self._bindings.clear()  # bindings over the smaller buffer are stale
-        self._staging_bytes = sum(b.size for b in self._staging if b is not None)
+        buf = self._slot_buffer(slot)
         shards = tuple(Shard(a, b, Region(buf, 0, hi - lo)) for (a, b), (lo, hi) in zip(splits, spans, strict=True))
         return GpuWeight(name, t.dtype, shape, shards, streamed=True)
 
-    def _rows(self, name: str, w: GpuWeight, s: Shard) -> np.ndarray:
-        """The stored bytes of one shard of a streamed weight, read from the host store by rows (``@rows=``); a
-        bank stored as one tensor per expert is read expert by expert."""
+    def _write_rows(self, name: str, w: GpuWeight, s: Shard, queue: Any) -> None:
+        """Write the stored bytes of one shard of a streamed weight into its staging region, straight from the host
+        store's buffer (rows read by ``@rows=``; a caller's array sliced); a bank stored as one tensor per expert is
+        gathered expert by expert into one host buffer first."""
         t = self._tmap[name]
         ref = weight_key(t)
         if t.weight is not None and len(w.shape) == 3 and "*" in ref:
-            parts = []
+            out = np.empty(s.region.nbytes, np.uint8)
+            at = 0
             for e in range(s.start, s.stop):
                 one = str(t.weight.with_expert(e))
-                parts.append(np.ascontiguousarray(self._source.acquire(one)).reshape(-1).view(np.uint8).copy())
+                part = np.ascontiguousarray(self._source.acquire(one)).reshape(-1).view(np.uint8)
+                out[at:at + part.size] = part
+                at += part.size
                 self._source.release(one)
-            return np.concatenate(parts)
+            queue.write_buffer(s.region.buffer, s.region.offset, padded(out[:at]))
+            return
         whole = s.start == 0 and s.stop == w.rows
         if t.weight is not None and not whole and len(w.shape) > 1:  # a file's tensor: the store reads the rows
-            key = rows_ref(ref, s.start, s.stop)
-            out = np.ascontiguousarray(self._source.acquire(key)).reshape(-1).view(np.uint8).copy()
+            key, span = rows_ref(ref, s.start, s.stop), slice(None)
+        else:  # caller-supplied arrays, or the whole tensor
+            key, span = ref, slice(*self._byte_range(t.dtype, w.shape, s.start, s.stop))
+        try:
+            data = np.ascontiguousarray(self._source.acquire(key)).reshape(-1).view(np.uint8)
+            queue.write_buffer(s.region.buffer, s.region.offset, padded(data[span]))
+        finally:
             self._source.release(key)
-            return out
-        data = np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8)  # caller-supplied arrays
-        lo, hi = self._byte_range(t.dtype, w.shape, s.start, s.stop)
-        out = data[lo:hi].copy()
-        self._source.release(ref)
-        return out
 
     # --- binding -------------------------------------------------------------------------------------------
     def feed_types(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, VType]:
@@ -295,6 +370,7 @@ class WebGpuExecutable:
             raise BackendError("[backend] this graph keeps a KV cache: pass a state from new_state()")
         binding = self._bindings.get(key)
         if binding is None or binding.state is not state:
+            self._bindings.pop(key, None)  # a stale binding of this key makes no room by itself
             if len(self._bindings) >= MAX_BINDINGS:
                 self._bindings.pop(next(iter(self._bindings)))
             binding = self._bind(dict(zip(self.input_names, key, strict=True)), state)
@@ -303,7 +379,7 @@ class WebGpuExecutable:
         for name, region, dtype in binding.feeds:
             data = to_device(np.asarray(feeds[name]), dtype).view(np.uint8)
             if data.size:  # an empty feed (a past of 0 tokens) writes nothing; wgpu refuses empty writes
-                q.write_buffer(region.buffer, region.offset, _padded(data))
+                q.write_buffer(region.buffer, region.offset, padded(data))
         if state is not None and binding.n_new:
             state.prepare(binding.n_new)
         self._execute(binding.program)
@@ -331,7 +407,7 @@ class WebGpuExecutable:
                     enc = self.dev.device.create_command_encoder()
                     cpass = enc.begin_compute_pass()
                     pending = False
-                q.write_buffer(op.region.buffer, op.region.offset, _padded(np.asarray(op.fetch()).view(np.uint8)))
+                op.write(q)
                 continue
             assert isinstance(op, Dispatch)
             if op.refresh is not None:
@@ -364,20 +440,19 @@ class WebGpuExecutable:
         """Bind once for ``max_tokens`` tokens at compile time when every symbolic feed dim is the token count, so
         that weights are uploaded, pipelines compiled and the arena sized before the first run (and ``memory()``
         reports them). A graph with a KV cache binds with a temporary state of ``max_tokens`` slots. With a plan,
-        every symbolic feed dim is ``max_tokens``: the shapes the plan's arena was laid out at (arena.py)."""
-        tmap = self.graph.tensor_map
-        shapes = {}
-        for n in self.input_names:
-            dims = tmap[n].shape
-            if any(isinstance(d, str) and d != "seq" for d in dims) and self._planned is None:
-                return
-            shapes[n] = tuple(self.max_tokens if isinstance(d, str) else int(d) for d in dims)
+        every symbolic feed dim is ``max_tokens``: the shapes the plan's arena was laid out at (arena.py, by the
+        same :func:`~uaii.backends.analysis.token_shapes`)."""
+        from uaii.backends.analysis import token_shapes
+
+        shapes = token_shapes(self.graph, self.input_names, self.max_tokens, batched_only=self._planned is None)
+        if shapes is None:
+            return
         state = self.new_state(self.max_tokens) if self.kv is not None else None
         self._bind(shapes, state)  # the temporary state's buffers go with it; weights and the arena stay
 
     def memory(self) -> ExecutableMemory:
         """Device bytes this executable holds: the arena, the weights it uploaded and its staging buffers."""
-        per_token = sum(h * (dk + dv) * 4 for h, dk, dv in self.kv.dims) if self.kv is not None else 0
+        per_token = kv_bytes_per_token(self.graph) if self.kv is not None else 0
         return ExecutableMemory(arena_bytes=self._arena_bytes, weight_bytes=self.weight_bytes,
                                 staging_bytes=self._staging_bytes, kv_bytes_per_token=per_token, device="device")
 
@@ -396,16 +471,11 @@ class WebGpuExecutable:
         self._acquired.clear()
         self._plain.clear()
         self._packed.clear()
+        self._wholes.clear()
+        self._derived.clear()
         self._staging.clear()
         self._arena = None
         self.closed = True
-
-
-def _padded(raw: np.ndarray) -> np.ndarray:
-    """``raw`` (bytes) padded to a multiple of 4, as write_buffer requires."""
-    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    pad = -raw.size % 4
-    return raw if not pad else np.concatenate([raw, np.zeros(pad, np.uint8)])
 
 
 __all__ = ["Binding", "WebGpuExecutable"]

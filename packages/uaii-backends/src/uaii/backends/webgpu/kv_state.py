@@ -22,7 +22,7 @@ import numpy as np
 from uaii.backends.kv_book import KeyRope, KVBook, KVCacheFull
 from uaii.backends.webgpu.ops.elementwise import store_fn
 from uaii.backends.webgpu.ops.rope import ROPE_FNS, turns
-from uaii.backends.webgpu.program import Region, pack_params, split_groups
+from uaii.backends.webgpu.program import Region, bind, split_groups
 from uaii.ir import DType
 
 if TYPE_CHECKING:
@@ -178,10 +178,14 @@ class GpuKVState(KVBook):
                     enc.copy_buffer_to_buffer(staging, 0, buf, dst * row, count * row)
         dev.queue.submit([enc.finish()])
 
+    def _staging_bytes(self) -> int:
+        """Bytes of the compaction staging buffer: the largest K or V buffer of any layer."""
+        return max((self.capacity * self._row_bytes(i, v) for i in range(len(self.layers)) for v in (False, True)),
+                   default=0)
+
     def _staging_buffer(self) -> Any:
         if self._staging is None:
-            most = max(self.capacity * self._row_bytes(i, v) for i in range(len(self.layers)) for v in (False, True))
-            self._staging = self.dev.buffer(most)
+            self._staging = self.dev.buffer(self._staging_bytes())
         return self._staging
 
     def _rotate(self, enc: Any, layer: int, staging: Any, dst: int, count: int, delta: int) -> list[Any]:
@@ -191,14 +195,9 @@ class GpuKVState(KVBook):
         n = count * h * dk // words
         at = dst * h * dk // words
         pipeline = self.dev.pipeline(_source(ROTATE, self.dtype))
-        data = pack_params([n, dk, rope.rot, int(rope.neox), at, delta, 0, 0])
-        ubuf = self.dev.buffer(len(data), storage=False, uniform=True)
-        self.dev.queue.write_buffer(ubuf, 0, data)
         regions = [Region(staging, 0, count * self._row_bytes(layer, False)),
                    Region(self._inv[layer], 0, 4 * rope.rot), self.k_region(layer)]
-        entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
-        entries += [r.binding(i + 1) for i, r in enumerate(regions)]
-        group = self.dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        group, ubuf = bind(self.dev, pipeline, [n, dk, rope.rot, int(rope.neox), at, delta, 0, 0], regions)
         cpass = enc.begin_compute_pass()
         cpass.set_pipeline(pipeline)
         cpass.set_bind_group(0, group)
@@ -220,8 +219,7 @@ class GpuKVState(KVBook):
         buffer compaction moves rows through (allocated at the first compaction)."""
         kv = sum(self.capacity * (self._row_bytes(i, False) + self._row_bytes(i, True))
                  for i in range(len(self.layers)))
-        staging = max((self.capacity * self._row_bytes(i, v) for i in range(len(self.layers)) for v in (False, True)),
-                      default=0) if self.window else 0
+        staging = self._staging_bytes() if self.window else 0
         return kv + 4 * self.capacity + staging
 
     def rows(self, layer: int) -> tuple[np.ndarray, np.ndarray]:

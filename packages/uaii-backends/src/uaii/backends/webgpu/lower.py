@@ -11,7 +11,7 @@ import numpy as np
 
 from uaii.backends.analysis import NodeInfo, VType
 from uaii.backends.base import BackendError
-from uaii.backends.webgpu.program import Dispatch, Op, ParamsFn, Region, Scalar, Upload, pack_params, split_groups
+from uaii.backends.webgpu.program import Dispatch, Op, ParamsFn, Region, Scalar, Upload, bind, split_groups
 from uaii.ir import DType
 
 if TYPE_CHECKING:
@@ -68,16 +68,26 @@ class Lower:
 
     # --- values --------------------------------------------------------------------------------------------
     def region(self, name: str) -> Region:
-        """The region of an activation, or of a weight/constant as f32 (floats) / i32 (ints), read whole."""
+        """The region of an activation, or of a weight/constant as f32 (floats) / i32 (ints), read whole. A streamed
+        weight read whole is staged like a packed one (its upload placed before the dispatch that binds it), so it
+        never becomes resident behind the budget's back."""
         r = self.regions.get(name)
         if r is not None:
             return r
         if self.exe.is_weight(name):
-            return self.exe.plain_weight(name)
+            if not self.exe.is_streamed(name):
+                return self.exe.plain_weight(name)
+            up = self.exe.staged_whole(name, self.node, self._slot(name))
+            self._uploads[id(up.region)] = up
+            return up.region
         raise BackendError(f"[backend] webgpu: node {self.node!r} reads {name!r}, which has no device region")
 
     def is_weight(self, name: str) -> bool:
         return self.exe.is_weight(name)
+
+    def is_streamed(self, name: str) -> bool:
+        """Whether weight ``name`` stays on the host and passes through a staging buffer before each use."""
+        return self.exe.is_streamed(name)
 
     def dtype(self, name: str) -> DType:
         return self.types[name].dtype
@@ -92,11 +102,24 @@ class Lower:
         """A weight in its stored encoding, sharded by rows. A streamed weight's shards take turns in one staging
         buffer: each is uploaded right before the first dispatch that binds it (:meth:`dispatch`), so a lowering
         must dispatch shard by shard — binding two shards of one streamed weight at once is an error."""
-        slot = self._slots.setdefault((self.node, name), len([k for k in self._slots if k[0] == self.node]))
-        w, uploads = self.exe.packed_weight(name, self.node, slot)
+        w, uploads = self.exe.packed_weight(name, self.node, self._slot(name))
         for u in uploads:
             self._uploads[id(u.region)] = u
         return w
+
+    def _slot(self, name: str) -> int:
+        """The staging buffer a streamed weight takes in this node: one per streamed weight the node reads."""
+        return self._slots.setdefault((self.node, name), len([k for k in self._slots if k[0] == self.node]))
+
+    def host(self, name: str) -> np.ndarray:
+        """A weight's or constant's value on the host, as the device holds it (f32 floats, i32 ints): for lowerings
+        that fold a weight into host-side setup (RoPE frequency factors) without a device round trip."""
+        return self.exe.host_value(name)
+
+    def derived(self, build: Callable[[], np.ndarray], key: str = "") -> Region:
+        """A region of host-computed data that depends only on this node's weights and attributes, built and
+        uploaded once per executable (not per binding); ``key`` tells apart several per node."""
+        return self.exe.derived(f"{self.node}\0{key}", build)
 
     def const(self, info: NodeInfo, slot: int) -> np.ndarray | None:
         """A constant input's value on the host (shape inputs, axes), or None when the input is not a constant."""
@@ -127,12 +150,8 @@ class Lower:
         pipeline = self.dev.pipeline(source, entry)
         refresh: Callable[[], Sequence[Scalar]] | None = params if callable(params) else None
         first: Sequence[Scalar] = refresh() if refresh is not None else params  # type: ignore[assignment]
-        ubuf = self.dev.buffer(len(pack_params(first)), storage=False, uniform=True)
-        self.dev.queue.write_buffer(ubuf, 0, pack_params(first))
-        entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
-        entries += [r.binding(i + 1) for i, r in enumerate(regions)]
         try:
-            group = self.dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+            group, ubuf = bind(self.dev, pipeline, first, regions)
         except Exception as exc:
             raise BackendError(f"[backend] webgpu: node {self.node!r}: binding {len(regions)} regions failed: "
                                f"{exc}") from exc

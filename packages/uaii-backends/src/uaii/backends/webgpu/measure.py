@@ -19,7 +19,7 @@ from uaii.backends.base import BackendError
 from uaii.backends.webgpu.device import GpuDevice
 from uaii.backends.webgpu.ops.dequant import SUPPORTED, UNIT, decoder
 from uaii.backends.webgpu.ops.linalg import gemv_params, gemv_source, threads_per_row
-from uaii.backends.webgpu.program import pack_params, split_groups
+from uaii.backends.webgpu.program import Region, bind, padded, split_groups
 from uaii.ir import DType
 
 _F16_FIELDS = {DType.Q2_K: (80, 82), DType.Q3_K: (108,), DType.Q5_K: (0, 2), DType.Q5_1: (0, 2)}
@@ -42,8 +42,7 @@ def weight_bytes(dtype: DType, n: int, k: int, seed: int = 0) -> np.ndarray:
 
 def _storage(dev: GpuDevice, raw: np.ndarray) -> Any:
     buf = dev.buffer(raw.nbytes)
-    data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    dev.queue.write_buffer(buf, 0, np.concatenate([data, np.zeros(-data.size % 4, np.uint8)]))
+    dev.queue.write_buffer(buf, 0, padded(raw))
     return buf
 
 
@@ -75,20 +74,16 @@ def gemv_bandwidth(dev: GpuDevice, dtype: DType | str, n: int, k: int, reps: int
         stop = min(n, start + rows)
         w = _storage(dev, raw[start * row_bytes:stop * row_bytes])
         params = gemv_params(stop - start, k, row_bytes, 1, n, start, tpr)
-        ubuf = dev.buffer(len(pack_params(params)), storage=False, uniform=True)
-        dev.queue.write_buffer(ubuf, 0, pack_params(params))
-        entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}] + [
-            {"binding": i + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate((w, x, y))]
-        bind = dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+        group, ubuf = bind(dev, pipeline, params, [Region(b, 0, b.size) for b in (w, x, y)])
         keep += [w, ubuf]
-        groups.append((bind, split_groups(int(params[7]), dev.max_workgroups)))
+        groups.append((group, split_groups(int(params[7]), dev.max_workgroups)))
 
     def encode(enc: Any, count: int) -> None:
         cpass = enc.begin_compute_pass()
         cpass.set_pipeline(pipeline)
         for _ in range(count):
-            for bind, g in groups:
-                cpass.set_bind_group(0, bind)
+            for group, g in groups:
+                cpass.set_bind_group(0, group)
                 cpass.dispatch_workgroups(*g)
         cpass.end()
 

@@ -19,11 +19,15 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from uaii.ir import DType
+from uaii.ir.reference import bf16_to_f32, f32_to_bf16
+
+if TYPE_CHECKING:
+    from uaii.backends.webgpu.device import GpuDevice
 
 Scalar = int | float
 ParamsFn = Callable[[], Sequence[Scalar]]
@@ -57,12 +61,13 @@ class Dispatch:
 
 @dataclass
 class Upload:
-    """Copy a streamed weight (its host bytes, from ``fetch``) into ``region`` before the dispatches that follow."""
+    """Copy a streamed weight into ``region`` before the dispatches that follow: ``write(queue)`` reads its host
+    bytes and writes them with ``queue.write_buffer`` (straight from the store's buffer, no host copy between)."""
 
     node: str
     ref: str
     region: Region
-    fetch: Callable[[], bytes | np.ndarray]
+    write: Callable[[Any], None]
 
 
 Op = Dispatch | Upload
@@ -80,6 +85,26 @@ def pack_params(values: Sequence[Scalar]) -> bytes:
             out += struct.pack("<f", float(v))
     out += b"\0" * (-len(out) % 16 or (16 if not out else 0))
     return bytes(out)
+
+
+def padded(raw: bytes | np.ndarray) -> np.ndarray:
+    """``raw`` as bytes padded to a multiple of 4, as ``write_buffer`` requires (copied only when it must grow)."""
+    data = np.ascontiguousarray(np.frombuffer(raw, np.uint8) if isinstance(raw, bytes) else raw).reshape(-1)
+    data = data.view(np.uint8)
+    pad = -data.size % 4
+    return data if not pad else np.concatenate([data, np.zeros(pad, np.uint8)])
+
+
+def bind(dev: GpuDevice, pipeline: Any, params: Sequence[Scalar], regions: Sequence[Region]) -> tuple[Any, Any]:
+    """A bind group of ``pipeline``: a new uniform buffer holding ``params`` at binding 0, then ``regions`` at
+    bindings 1..n (the convention in the module doc). Returns ``(bind_group, uniform_buffer)``; the buffer is what
+    a refresh rewrites."""
+    data = pack_params(params)
+    ubuf = dev.buffer(len(data), storage=False, uniform=True)
+    dev.queue.write_buffer(ubuf, 0, data)
+    entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
+    entries += [r.binding(i + 1) for i, r in enumerate(regions)]
+    return dev.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries), ubuf
 
 
 def device_dtype(dtype: DType) -> str:
@@ -102,8 +127,7 @@ def to_device(a: np.ndarray, dtype: DType) -> np.ndarray:
     if kind == "raw":
         return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     if dtype is DType.BF16:
-        words = np.ascontiguousarray(a).reshape(-1).view(np.uint16)
-        return (words.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return bf16_to_f32(np.ascontiguousarray(a).reshape(-1).view(np.uint16))
     if kind == "f32":
         return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
     return np.ascontiguousarray(a).astype(np.int32, casting="unsafe").reshape(-1)
@@ -119,9 +143,7 @@ def from_device(raw: bytes | memoryview, dtype: DType, shape: Sequence[int]) -> 
         return np.frombuffer(raw, np.int32, count).astype(dtype.numpy).reshape(shape)
     f = np.frombuffer(raw, np.float32, count)
     if dtype is DType.BF16:
-        bits = f.view(np.uint32)
-        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-        return rounded.astype(np.uint16).reshape(shape)
+        return f32_to_bf16(f).reshape(shape)
     return f.astype(dtype.numpy).reshape(shape)
 
 
@@ -135,5 +157,5 @@ def split_groups(n: int, limit: int) -> tuple[int, int, int]:
     return (-(-n // y), y, 1)
 
 
-__all__ = ["Dispatch", "Op", "ParamsFn", "Region", "Upload", "device_dtype", "device_nbytes", "from_device",
-           "pack_params", "split_groups", "to_device"]
+__all__ = ["Dispatch", "Op", "ParamsFn", "Region", "Upload", "bind", "device_dtype", "device_nbytes", "from_device",
+           "pack_params", "padded", "split_groups", "to_device"]

@@ -259,15 +259,18 @@ class OpSchema:
             return WeightAccess.WHOLE
         return rule if isinstance(rule, WeightAccess) else rule.resolve(attrs or {})
 
-    def weight_inputs(self, node: Node, weights: Container[str],
-                      attrs: Mapping[str, AttrValue] | None = None) -> list[WeightInput]:
+    def weight_inputs(self, node: Node, weights: Container[str], attrs: Mapping[str, AttrValue] | None = None, *,
+                      access: WeightAccess | None = None) -> list[WeightInput]:
         """The inputs of ``node`` that are weights (their names are in ``weights``), in slot order, each with how
-        this op reads it. ``attrs``: the node's resolved attributes when the caller has them (else resolved here)."""
+        this op reads it. ``attrs``: the node's resolved attributes when the caller has them (else resolved here);
+        ``access``: only the inputs read that way (the expert banks, the tables read by rows) — what most callers
+        want, so that none filters by hand."""
         found = [(i, v) for i, v in enumerate(node.inputs) if v and v in weights]
         if not found:
             return []
         values = attrs if attrs is not None else self.resolve_attrs(node)[0]
-        return [WeightInput(i, v, self.access(i, values)) for i, v in found]
+        reads = [WeightInput(i, v, self.access(i, values)) for i, v in found]
+        return reads if access is None else [w for w in reads if w.access is access]
 
     # --- node checks (used by the validator and by passes that build nodes) --------------------------------
     def check_arity(self, node: Node) -> list[str]:

@@ -198,9 +198,9 @@ def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str,
 
 
 def device_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The Session options of --device and --gpu-budget. --allow-software-adapter sets ``UAII_ALLOW_SOFTWARE_GPU=1``
-    for this process: the WebGPU backend reads it when it chooses its adapter (the registry's backend is shared by
-    every session of the process, so the opt-in is the process's, as the variable is)."""
+    """The Session options of --device and --gpu-budget. --allow-software-adapter is the process's opt-in
+    (:func:`uaii.backends.registry.allow_software_devices`: the GPU backends read it when they choose their adapter;
+    the registry's backends are shared by every session of the process, so the opt-in is the process's)."""
     options: dict[str, Any] = {}
     if getattr(args, "device", None) is not None:
         if not args.device.strip():
@@ -209,9 +209,9 @@ def device_options(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "gpu_budget", None) is not None:
         options["gpu_budget_bytes"] = presets.parse_bytes(args.gpu_budget)
     if getattr(args, "allow_software_adapter", False):
-        from uaii.backends.webgpu.device import ALLOW_SOFTWARE_ENV
+        from uaii.backends.registry import allow_software_devices
 
-        os.environ[ALLOW_SOFTWARE_ENV] = "1"
+        allow_software_devices()
     return options
 
 

@@ -17,7 +17,7 @@ from .context import CliError, Context, add_model_argument, model_path
 
 def add_parsers(sub: Any) -> None:
     d = sub.add_parser("devices", help="every backend (cpu, cuda, rocm, metal, vulkan, webgpu): available or why "
-                       "not; every WebGPU adapter with its limits")
+                       "not; every adapter of the backends that list them (WebGPU) with its limits")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=cmd_devices)
 
@@ -50,24 +50,39 @@ def device_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def adapter_rows() -> tuple[list[dict[str, Any]], str]:
-    """Every WebGPU adapter (software ones included, each marked) as :meth:`AdapterInfo.as_dict` gives it, or no
-    adapter and why (``wgpu`` not installed, enumeration failed)."""
+def adapter_rows(backend: Any) -> tuple[list[dict[str, Any]], str] | None:
+    """Every device ``backend`` lists (``Backend.devices``: adapters, software ones marked), or none and why (its
+    SDK not installed, enumeration failed); None when the backend lists no devices. Through the backend contract:
+    the CLI names no backend's modules."""
     try:
-        from uaii.backends.webgpu import adapters
-
-        return [a.as_dict() for a in adapters()], ""
+        rows = backend.devices()
     except UaiiError as exc:
         return [], str(getattr(exc, "reason", exc))
     except Exception as exc:  # a listing never takes the command down: it says why it is empty
         return [], f"adapter enumeration failed: {type(exc).__name__}: {exc}"
+    return None if rows is None else (list(rows), "")
+
+
+def device_listings() -> dict[str, tuple[list[dict[str, Any]], str]]:
+    """Backend name → (its adapters, why none), for the backends that list devices."""
+    from uaii.backends.registry import backend_names, get_backend
+
+    out = {}
+    for name in backend_names():
+        listing = adapter_rows(get_backend(name))
+        if listing is not None:
+            out[name] = listing
+    return out
 
 
 def cmd_devices(args: argparse.Namespace, ctx: Context) -> int:
     rows = device_rows()
-    adapters, why = adapter_rows()
+    listings = device_listings()
     if args.json:
-        report.print_json({"backends": rows, "webgpu_adapters": adapters, "webgpu_adapters_reason": why})
+        obj: dict[str, Any] = {"backends": rows}
+        for name, (adapters, why) in listings.items():
+            obj[f"{name}_adapters"], obj[f"{name}_adapters_reason"] = adapters, why
+        report.print_json(obj)
         return 0
     t = Table(title="backends", title_justify="left")
     for col in ("backend", "status", "devices / reason"):
@@ -77,21 +92,22 @@ def cmd_devices(args: argparse.Namespace, ctx: Context) -> int:
             else "[red]unavailable[/red]"
         t.add_row(r["name"], status, ", ".join(r["devices"]) if r["available"] else r["reason"])
     ctx.out.print(t)
-    if not adapters:
-        ctx.out.print(f"webgpu adapters: none ({why})" if why else "webgpu adapters: none", highlight=False,
-                      soft_wrap=True)
-        return 0
-    ctx.out.print(adapter_table(adapters))
-    if any(a["software"] for a in adapters):
-        ctx.note("software adapters run only with --device webgpu --allow-software-adapter (or "
-                 "UAII_ALLOW_SOFTWARE_GPU=1); --device auto never picks one")
+    for name, (adapters, why) in listings.items():
+        if not adapters:
+            ctx.out.print(f"{name} adapters: none ({why})" if why else f"{name} adapters: none", highlight=False,
+                          soft_wrap=True)
+            continue
+        ctx.out.print(adapter_table(name, adapters))
+        if any(a["software"] for a in adapters):
+            ctx.note(f"software adapters run only with --device {name} --allow-software-adapter (or "
+                     "UAII_ALLOW_SOFTWARE_GPU=1); --device auto never picks one")
     return 0
 
 
-def adapter_table(adapters: list[dict[str, Any]]) -> Table:
-    """One row per adapter: index; name, vendor and driver; backend and type; software; memory; key limits;
-    features."""
-    t = Table(title="webgpu adapters", title_justify="left")
+def adapter_table(backend: str, adapters: list[dict[str, Any]]) -> Table:
+    """One row per adapter of ``backend``: index; name, vendor and driver; backend and type; software; memory; key
+    limits; features."""
+    t = Table(title=f"{backend} adapters", title_justify="left")
     for col in ("#", "adapter / vendor / driver", "backend", "software", "memory", "limits", "features"):
         fixed = col in ("limits", "features", "memory", "software")
         t.add_column(col, overflow="fold", no_wrap=fixed)

@@ -24,7 +24,7 @@ import numpy as np
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.base import BackendError
 from uaii.backends.webgpu.lower import Lower, Lowering
-from uaii.backends.webgpu.ops.elementwise import store_fn
+from uaii.backends.webgpu.ops.elementwise import MATH, broadcast_strides, store_fn
 from uaii.backends.webgpu.program import Region
 from uaii.ir import DType
 
@@ -47,7 +47,7 @@ const DV: u32 = {dv}u;
 var<workgroup> qs: array<f32, {d}>;
 var<workgroup> sc: array<f32, {wg}>;
 var<workgroup> red: array<f32, {wg}>;
-{rnd}{loads}
+{rnd}{math}{loads}
 fn reduce_max(lid: u32) -> f32 {
   for (var s = {wg}u / 2u; s > 0u; s = s / 2u) {
     if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
@@ -96,7 +96,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var dot = 0.0;
         for (var c = 0u; c < D; c = c + 1u) { dot = dot + qs[c] * kld(kb + c); }
         var z = dot * p.scale;
-        if (p.softcap > 0.0) { z = p.softcap * tanh(clamp(z / p.softcap, -15.0, 15.0)); }
+        if (p.softcap > 0.0) { z = p.softcap * tanh_(clamp(z / p.softcap, -15.0, 15.0)); }
         {mask_add}
         s = select({neg}, z, z > -1.0e38);
       }
@@ -179,7 +179,7 @@ def kernel_source(d: int, dv: int, out: DType, *, kv: str = "f32", kpos: bool = 
             .replace("{mask_add}", mask_add).replace("{loads}", LOADS[kv]).replace("{rnd}", store_fn(out))
             .replace("{kt}", "u32" if kv == "f16" else "f32").replace("{kind}", kind)
             .replace("{d}", str(d)).replace("{dv}", str(dv)).replace("{nc}", str(-(-dv // WG)))
-            .replace("{neg}", NEG).replace("{wg}", str(WG)))
+            .replace("{neg}", NEG).replace("{wg}", str(WG)).replace("{math}", MATH))
 
 
 def scalar_params(info: NodeInfo, d: int) -> tuple[int, int, int, float, float]:
@@ -291,10 +291,7 @@ def _mask_strides(node: str, mshape: tuple[int, ...], full: tuple[int, ...]) -> 
         raise BackendError(f"[backend] webgpu: node {node!r} (Attention): mask {list(mshape)} does not broadcast to "
                            f"{list(full)}")
     shape = (1,) * (len(full) - len(mshape)) + tuple(mshape)
-    st, acc = [0] * len(full), 1
-    for a in range(len(full) - 1, -1, -1):
-        st[a] = acc if shape[a] != 1 else 0
-        acc *= shape[a]
+    st = broadcast_strides(mshape, full)
     lead = [(s, x) for s, x in zip(st[:-3], full[:-3], strict=True) if x != 1]
     if lead and any(s != 0 for s, _ in lead) and shape[:-3] != full[:-3]:
         raise BackendError(f"[backend] webgpu: node {node!r} (Attention): mask {list(mshape)} broadcasts over only "

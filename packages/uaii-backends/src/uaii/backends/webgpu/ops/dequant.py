@@ -27,6 +27,7 @@ import numpy as np
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.base import BackendError
 from uaii.backends.webgpu.lower import Lower, Lowering
+from uaii.backends.webgpu.ops.elementwise import store_fn
 from uaii.backends.webgpu.program import Region
 from uaii.ir import DType
 
@@ -232,32 +233,12 @@ def dequantize_region(ctx: Lower, src: Region, dtype: DType, n: int, out: Region
 
 
 # --- Cast -----------------------------------------------------------------------------------------------------
-ROUND = """
-fn round_f16(x: f32) -> f32 {
-  let b = bitcast<u32>(x); let s = b & 0x80000000u; let a = b & 0x7fffffffu;
-  if (a > 0x7f800000u) { return x; }
-  if (a >= 0x477ff000u) { return bitcast<f32>(s | 0x7f800000u); }
-  if (a < 0x38800000u) {
-    return bitcast<f32>(s | bitcast<u32>(round(bitcast<f32>(a) * 16777216.0) * 5.9604644775390625e-8));
-  }
-  return bitcast<f32>(s | ((a + 0x0fffu + ((a >> 13u) & 1u)) & 0xffffe000u));
-}
-fn round_bf16(x: f32) -> f32 {
-  let b = bitcast<u32>(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) { return x; }
-  return bitcast<f32>((b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u);
-}
-"""
-"""Round an f32 to the nearest-even f16 / bf16 value (kept as f32): what a value typed f16 holds after an op, so
-later ops see what the reference sees. Integer arithmetic, because WGSL leaves the rounding of f32 → f16
-conversions to the implementation."""
-
 CAST = """// cast {mode} {dst}
 struct P {{ n: u32, lo: i32, hi: i32, lof: f32, hif: f32, _a: u32, _b: u32, _c: u32 }};
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read_write> X: array<u32>;
 @group(0) @binding(2) var<storage, read_write> Y: array<u32>;
-{round}
+{store}
 @compute @workgroup_size({wg})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
   let i = gid.x + gid.y * nwg.x * {wg}u;
@@ -267,11 +248,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 _CAST_BODY = {
-    "f2f": "  Y[i] = bitcast<u32>({rnd}(bitcast<f32>(v)));\n",
-    "i2f": "  Y[i] = bitcast<u32>({rnd}(f32(bitcast<i32>(v))));\n",
-    "f2i": ("  let x = bitcast<f32>(v);\n  if ((v & 0x7fffffffu) > 0x7f800000u) {{ Y[i] = 0u; return; }}\n"
+    "f2f": "  Y[i] = bitcast<u32>(rnd(bitcast<f32>(v)));\n",
+    "i2f": "  Y[i] = bitcast<u32>(rnd(f32(bitcast<i32>(v))));\n",
+    "f2i": ("  let x = bitcast<f32>(v);\n  if ((v & 0x7fffffffu) > 0x7f800000u) { Y[i] = 0u; return; }\n"
             "  let r = round(x);\n  var o = p.lo;\n"
-            "  if (r >= p.hif) {{ o = p.hi; }} else if (r > p.lof) {{ o = i32(r); }}\n"
+            "  if (r >= p.hif) { o = p.hi; } else if (r > p.lof) { o = i32(r); }\n"
             "  Y[i] = bitcast<u32>(o);\n"),
     "i2i": "  Y[i] = bitcast<u32>(clamp(bitcast<i32>(v), p.lo, p.hi));\n",
     "f2b": "  Y[i] = select(0u, 1u, (v & 0x7fffffffu) != 0u);\n",
@@ -281,9 +262,10 @@ _INT_RANGE = {DType.I8: (-128, 127), DType.U8: (0, 255), DType.I16: (-32768, 327
 
 
 def cast_source(mode: str, dst: DType) -> str:
-    rnd = {DType.F16: "round_f16", DType.BF16: "round_bf16"}.get(dst, "")
-    body = _CAST_BODY[mode].format(rnd=rnd)
-    return CAST.format(mode=mode, dst=dst.value, round=ROUND if rnd else "", wg=WG * 4, body=body)
+    """A float target rounds through elementwise's ``rnd`` (store_fn): what storing an f16/bf16 value does, NaN
+    kept quiet, the same rounding every other op applies."""
+    store = store_fn(dst) if mode[-1] == "f" else ""
+    return CAST.format(mode=mode, dst=dst.value, store=store, wg=WG * 4, body=_CAST_BODY[mode])
 
 
 def cast_range(dst: DType) -> list[int | float]:
@@ -319,7 +301,7 @@ def cast(ctx: Lower, info: NodeInfo) -> None:
     ctx.dispatch(cast_source(kind + "2" + out, dst), [xr, yr], params, -(-n // (WG * 4)))
 
 
-__all__ = ["ELEM", "LOWERINGS", "PLAIN", "ROUND", "SUPPORTED", "UNIT", "Decoder", "cast", "decoder",
+__all__ = ["ELEM", "LOWERINGS", "PLAIN", "SUPPORTED", "UNIT", "Decoder", "cast", "decoder",
            "dequant_source", "dequantize_region"]
 
 LOWERINGS: dict[str, Lowering] = {"Cast": cast}

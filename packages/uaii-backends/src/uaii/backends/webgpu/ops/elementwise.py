@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.base import BackendError
 from uaii.backends.webgpu.lower import Lower, Lowering
@@ -150,10 +148,6 @@ def vec8(node: str, values: Sequence[int]) -> list[int]:
     return [*values, *([0] * (MAX_RANK - len(values)))]
 
 
-def elements(ctx: Lower, name: str) -> int:
-    return int(np.prod(ctx.shape(name), dtype=np.int64))
-
-
 # --- unary --------------------------------------------------------------------------------------------------
 UNARY = """// unary {op} {dtype}
 struct P {{ n: u32, a: f32, _b: u32, _c: u32 }};
@@ -195,7 +189,7 @@ def unary(ctx: Lower, info: NodeInfo) -> None:
         expr = INT_EXPR[(node.op, t)]
     else:
         raise BackendError(f"[backend] webgpu: node {node.name!r}: {node.op} of {dt.value} is not defined")
-    n = elements(ctx, y)
+    n = ctx.count(y)
     if n == 0:
         return
     helpers = store_fn(dt) + (MATH if t == "f32" else "")
@@ -243,7 +237,7 @@ def binary(ctx: Lower, info: NodeInfo) -> None:
     expr = BINARY_EXPR[node.op]
     if t != "f32" and node.op == "Div":
         expr = INT_DIV.format(zero="0u" if t == "u32" else "0")
-    n = elements(ctx, y)
+    n = ctx.count(y)
     if n == 0:
         return
     src = BINARY.format(op=node.op, dtype=dt.value, t=t, helpers=INDEX + store_fn(dt), expr=expr, wg=WG)
@@ -255,4 +249,4 @@ LOWERINGS: dict[str, Lowering] = {**{op: binary for op in BINARY_EXPR},
                                   **{op: unary for op in (*UNARY_EXPR, "Gelu")}}
 
 __all__ = ["INDEX", "LOWERINGS", "MATH", "MAX_RANK", "WG", "broadcast_params", "broadcast_strides", "coalesce",
-           "contiguous", "device_type", "elements", "store_fn", "unary_expr", "vec8"]
+           "contiguous", "device_type", "store_fn", "unary_expr", "vec8"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.webgpu.lower import Lower, Lowering
-from uaii.backends.webgpu.ops.elementwise import MATH, WG, elements, store_fn
+from uaii.backends.webgpu.ops.elementwise import MATH, WG, store_fn
 
 GLU = """// glu {op} {dtype} packed={packed}
 struct P {{ n: u32, d: u32, _a: u32, _b: u32 }};
@@ -37,7 +37,7 @@ def glu(ctx: Lower, info: NodeInfo) -> None:
     up = node.inputs[1] if len(node.inputs) > 1 else ""
     y = node.outputs[0]
     dt = ctx.dtype(y)
-    n = elements(ctx, y)
+    n = ctx.count(y)
     if n == 0:
         return
     act = "silu" if node.op == "SwiGLU" else "gelu_tanh" if info.attrs.get("approximate") == "tanh" else "gelu_erf"

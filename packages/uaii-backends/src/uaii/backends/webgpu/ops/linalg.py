@@ -18,6 +18,7 @@ from uaii.backends.analysis import NodeInfo
 from uaii.backends.base import BackendError
 from uaii.backends.webgpu.lower import Lower, Lowering
 from uaii.backends.webgpu.ops.dequant import PLAIN, SUPPORTED, UNIT, Decoder, decoder
+from uaii.backends.webgpu.ops.elementwise import broadcast_strides
 from uaii.backends.webgpu.program import Region
 from uaii.ir import DType
 
@@ -166,8 +167,8 @@ def _c_strides(ctx: Lower, c: str, m: int, n: int) -> tuple[int, int]:
     """Element strides of a bias C broadcast to [M, N] (0 along broadcast axes)."""
     if not c:
         return 0, 0
-    shape = (1,) * (2 - len(ctx.shape(c))) + tuple(ctx.shape(c))
-    return (shape[1] if shape[0] != 1 else 0), (1 if shape[1] != 1 else 0)
+    cm, cn = broadcast_strides(ctx.shape(c), (m, n))
+    return cm, cn
 
 
 # --- the tiled f32 kernel -----------------------------------------------------------------------------------
@@ -212,17 +213,6 @@ fn main(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) wid: 
 """
 
 
-def _batch_strides(shape: tuple[int, ...], out: tuple[int, ...], block: int) -> list[int]:
-    """Element strides of the batch dims ``shape`` broadcast to ``out`` (4 dims, right-aligned), matrices of
-    ``block`` elements."""
-    full = (1,) * (4 - len(shape)) + tuple(shape)
-    st, acc = [0] * 4, block
-    for d in range(3, -1, -1):
-        st[d] = acc if full[d] != 1 else 0
-        acc *= full[d]
-    return st
-
-
 def tiled(ctx: Lower, a: str, b: str, y: str, *, trans_a: bool = False, trans_b: bool = False, relu: bool = False,
           alpha: float = 1.0, beta: float = 0.0, c: str = "") -> None:
     """Y = alpha * op(A) @ op(B) (+ beta * C) with NumPy batch broadcasting (up to 4 batch dims), f32."""
@@ -241,7 +231,8 @@ def tiled(ctx: Lower, a: str, b: str, y: str, *, trans_a: bool = False, trans_b:
     sam, sak = (1, m) if trans_a else (k, 1)
     sbk, sbn = (1, k) if trans_b else (n, 1)
     cm, cn = _c_strides(ctx, c, m, n)
-    batch = [*((1,) * (4 - nd) + bout), *_batch_strides(ba, bout, m * k), *_batch_strides(bb, bout, k * n)]
+    batch = [*((1,) * (4 - nd) + bout), *(m * k * s for s in broadcast_strides(ba, (1,) * 4)),
+             *(k * n * s for s in broadcast_strides(bb, (1,) * 4))]
     epilogue = ("    else { v = v + p.beta * C[row * p.cm + col * p.cn]; }\n" if c else "") + \
         ("    if ((p.flags & 2u) != 0u) { v = max(v, 0.0); }\n" if relu else "")
     cbind = "@group(0) @binding(4) var<storage, read_write> C: array<f32>;" if c else ""
@@ -256,11 +247,11 @@ def tiled(ctx: Lower, a: str, b: str, y: str, *, trans_a: bool = False, trans_b:
 
 
 def _k_parts(ctx: Lower, b: str, k: int, trans_b: bool) -> list[tuple[Region, int, int]]:
-    """B as (region, first k, count of k) parts: an f32 weight stored [K, N] larger than one storage binding comes
-    in its row shards, which the kernel sums into Y one after another (ONNX keeps lm_heads that way); any other B
-    is read whole."""
+    """B as (region, first k, count of k) parts: an f32 weight stored [K, N] larger than one storage binding, or
+    streamed (then in chunks of its staging buffer), comes in its row shards, which the kernel sums into Y one after
+    another (ONNX keeps lm_heads that way); any other B is read whole."""
     if ctx.is_weight(b) and not trans_b and len(ctx.shape(b)) == 2 and ctx.dtype(b) is DType.F32 \
-            and 4 * ctx.count(b) > ctx.dev.max_binding:
+            and (4 * ctx.count(b) > ctx.dev.max_binding or ctx.is_streamed(b)):
         return [(s.region, s.start, s.stop - s.start) for s in ctx.packed(b).shards]
     return [(ctx.region(b), 0, k)]
 

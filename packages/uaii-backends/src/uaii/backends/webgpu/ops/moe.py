@@ -19,6 +19,7 @@ from uaii.backends.analysis import NodeInfo
 from uaii.backends.base import BackendError
 from uaii.backends.webgpu.lower import GpuWeight, Lower, Lowering
 from uaii.backends.webgpu.ops.dequant import UNIT, Decoder, decoder
+from uaii.backends.webgpu.ops.elementwise import MATH
 from uaii.backends.webgpu.ops.linalg import WG, reduce_wgsl, row_dot_wgsl, threads_per_row
 from uaii.backends.webgpu.program import Region
 
@@ -72,17 +73,8 @@ def router(ctx: Lower, info: NodeInfo) -> None:
                  [t, e, k, int(bool(at.get("normalize", True)))], -(-t // 64))
 
 
-ERF = """
-fn erf(x: f32) -> f32 {
-  let z = abs(x); let t = 1.0 / (1.0 + 0.5 * z);
-  let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 +
-          t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
-  return select(r - 1.0, 1.0 - r, x >= 0.0);
-}
-"""
-"""erf through erfc's Chebyshev fit (Numerical Recipes, relative error < 1.2e-7): WGSL has no erf."""
-
-ACT = {"silu": "g / (1.0 + exp(-g))", "gelu": "0.5 * g * (1.0 + erf(g * 0.7071067811865476))"}
+ACT = {"silu": "silu(g)", "gelu": "gelu_erf(g)"}
+"""The expert activations, from elementwise.MATH: the same functions the Silu and Gelu ops compute."""
 
 EXPERT = """// moe {mode} {dtype} tpr={tpr} act={act}
 struct P {{ rows: u32, units: u32, row_bytes: u32, expert_bytes: u32, e0: u32, e1: u32, k: u32, per: u32,
@@ -91,7 +83,7 @@ struct P {{ rows: u32, units: u32, row_bytes: u32, expert_bytes: u32, e0: u32, e
 @group(0) @binding(1) var<storage, read_write> W: array<u32>;
 @group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> IDX: array<i32>;
-{outs}{lib}{erf}
+{outs}{lib}{math}
 var<workgroup> red: array<f32, {wg}>;
 @compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -136,7 +128,7 @@ def expert_source(mode: str, dec: Decoder, tpr: int, act: str) -> str:
             "@group(0) @binding(5) var<storage, read_write> Y: array<f32>;\n") if mode == "down" else \
         "@group(0) @binding(4) var<storage, read_write> G: array<f32>;\n"
     return EXPERT.format(mode=mode, dtype=dec.dtype.value, tpr=tpr, act=act if mode == "up" else "-", outs=outs,
-                         lib=row_dot_wgsl(dec, tpr, 1), erf=ERF if mode == "up" and act == "gelu" else "", wg=WG,
+                         lib=row_dot_wgsl(dec, tpr, 1), math=MATH if mode == "up" else "", wg=WG,
                          rpw=WG // tpr, rowmap=_DOWN_MAP if mode == "down" else _GATE_UP_MAP,
                          reduce=reduce_wgsl(tpr, 1), store=_STORE[mode].format(act=ACT[act]))
 

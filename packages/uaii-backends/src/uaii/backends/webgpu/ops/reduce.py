@@ -18,9 +18,8 @@ import numpy as np
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.webgpu.lower import Lower, Lowering
 from uaii.backends.webgpu.ops.elementwise import INDEX, coalesce, contiguous, device_type, store_fn, vec8
+from uaii.backends.webgpu.ops.norm import REDUCE, WG
 from uaii.backends.webgpu.program import Region
-
-WG = 256
 
 MEAN = """// reduce_mean {dtype} {mode}
 struct P {{ nout: u32, nred: u32, kr: u32, rr: u32, inv: f32, _a: u32, _b: u32, _c: u32,
@@ -36,21 +35,15 @@ fn at(o: u32, r: u32) -> f32 {{
 {body}
 """
 
-MEAN_ROW = f"""var<workgroup> red: array<f32, {WG}>;
-@compute @workgroup_size({WG})
+MEAN_ROW = REDUCE + f"""@compute @workgroup_size({WG})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {{
   let o = wid.x + wid.y * nwg.x;
   if (o >= p.nout) {{ return; }}
   var acc = 0.0;
   for (var r = lid.x; r < p.nred; r = r + {WG}u) {{ acc = acc + at(o, r); }}
-  red[lid.x] = acc;
-  workgroupBarrier();
-  for (var s = {WG // 2}u; s > 0u; s = s >> 1u) {{
-    if (lid.x < s) {{ red[lid.x] = red[lid.x] + red[lid.x + s]; }}
-    workgroupBarrier();
-  }}
-  if (lid.x == 0u) {{ y[o] = rnd(red[0] * p.inv); }}
+  let total = wg_sum(acc, lid.x);
+  if (lid.x == 0u) {{ y[o] = rnd(total * p.inv); }}
 }}"""
 
 MEAN_COL = f"""@compute @workgroup_size({WG})

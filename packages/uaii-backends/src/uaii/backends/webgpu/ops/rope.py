@@ -20,7 +20,7 @@ from uaii.backends.analysis import NodeInfo
 from uaii.backends.base import BackendError
 from uaii.backends.kv_book import rope_frequencies
 from uaii.backends.webgpu.lower import Lower, Lowering
-from uaii.backends.webgpu.ops.elementwise import store_fn
+from uaii.backends.webgpu.ops.elementwise import broadcast_strides, coalesce, store_fn
 from uaii.backends.webgpu.program import Region
 
 WG = 256
@@ -93,48 +93,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """
 
 
-def _pos_strides(pshape: tuple[int, ...], lead: tuple[int, ...]) -> list[int]:
-    """Element strides of the positions (shape ``pshape``) broadcast over X's leading dims ``lead``."""
-    full = (1,) * (len(lead) - len(pshape)) + tuple(pshape)
-    st, acc = [0] * len(lead), 1
-    for a in range(len(lead) - 1, -1, -1):
-        st[a] = acc if full[a] != 1 else 0
-        acc *= full[a]
-    return st
-
-
-def _merge(lead: tuple[int, ...], st: list[int]) -> tuple[list[int], list[int]]:
-    """Drop unit dims and merge neighbours whose strides are contiguous, so ranks above 4 still fit."""
-    dims = [(s, t) for s, t in zip(lead, st, strict=True) if s != 1]
-    out: list[tuple[int, int]] = []
-    for s, t in dims:
-        if out and ((out[-1][1] == t * s and t) or (out[-1][1] == 0 and t == 0)):
-            out[-1] = (out[-1][0] * s, t)
-        else:
-            out.append((s, t))
-    return [s for s, _ in out] or [1], [t for _, t in out] or [0]
-
-
 def inv_freq_region(ctx: Lower, info: NodeInfo, rot: int) -> Region:
-    """The node's frequencies on the device as :func:`turns`. Frequency factors must be a weight or a
-    constant (GGUF ``rope_freqs``, longrope factors): they are read back once to fold them in on the host."""
+    """The node's frequencies on the device as :func:`turns`, computed and uploaded once per executable. Frequency
+    factors must be a weight or a constant (GGUF ``rope_freqs``, longrope factors): their host value is folded in."""
     node = info.node
     ff_name = node.inputs[2] if len(node.inputs) > 2 else ""
-    ff = None
-    if ff_name:
-        ff = ctx.const(info, 2)
-        if ff is None:
-            if not ctx.is_weight(ff_name):
-                raise BackendError(f"[backend] webgpu: node {node.name!r} (RoPE): frequency factors {ff_name!r} are "
-                                   "computed in the graph; this backend folds them in on the host and needs a weight "
-                                   "or a constant")
-            r = ctx.region(ff_name)
-            raw = ctx.dev.queue.read_buffer(r.buffer, r.offset, -(-r.nbytes // 4) * 4)
-            ff = np.frombuffer(raw, np.float32, rot // 2).copy()
-    g = turns(rope_frequencies(rot, info.attrs, ff))
-    region = ctx.scratch(g.nbytes)
-    ctx.dev.queue.write_buffer(region.buffer, region.offset, g.tobytes())
-    return region
+    ff = ctx.const(info, 2) if ff_name else None
+    if ff_name and ff is None and not ctx.is_weight(ff_name):
+        raise BackendError(f"[backend] webgpu: node {node.name!r} (RoPE): frequency factors {ff_name!r} are "
+                           "computed in the graph; this backend folds them in on the host and needs a weight "
+                           "or a constant")
+
+    def build() -> np.ndarray:
+        factors = ff
+        if ff_name and factors is None:
+            factors = np.asarray(ctx.host(ff_name), np.float32).reshape(-1)[:rot // 2]
+        return turns(rope_frequencies(rot, info.attrs, factors))
+
+    return ctx.derived(build, f"inv_freq{rot}")
 
 
 def rope(ctx: Lower, info: NodeInfo) -> None:
@@ -149,7 +125,7 @@ def rope(ctx: Lower, info: NodeInfo) -> None:
     if rot % 2 or rot > d:
         raise BackendError(f"[backend] webgpu: node {node.name!r} (RoPE): rotary_dims {rot} must be even and at "
                            f"most head_dim {d}")
-    lshape, pstr = _merge(lead, _pos_strides(ctx.shape(pos), lead))
+    lshape, (pstr,) = coalesce(lead, broadcast_strides(ctx.shape(pos), lead))
     if len(lshape) > MAX_LEAD:
         raise BackendError(f"[backend] webgpu: node {node.name!r} (RoPE): positions {list(ctx.shape(pos))} over X "
                            f"{list(shape)} need {len(lshape)} index dims, the kernel handles {MAX_LEAD}")

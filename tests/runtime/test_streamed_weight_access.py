@@ -88,3 +88,29 @@ def test_a_streamed_lookup_outside_the_table_names_node_index_and_table(files: d
                 exe.run(feeds)  # an Embedding's token ids never count from the end (a Gather's do)
         finally:
             exe.close()
+
+
+def test_a_streamed_n_d_gather_table_is_read_by_rows_as_the_planner_assumes(tmp_path: Path) -> None:
+    """The planner stages nothing for a table read by rows (``WeightAccess.ROWS``), whatever its rank; the row path
+    reads a row of a [100, 4, 8] table as its 4 * 8 contiguous values instead of staging it whole, so the staging
+    buffers the plan sized are enough."""
+    from uaii.planner import execution_order
+    from uaii.planner.storage import weight_uses
+
+    table = Tensor("t3", DType.F32, (100, 4, 8), weight=WeightRef("t3.bin"))
+    g = make_graph("rows3", [Node("gather3", "Gather", ("t3", "ids"), ("y",), {"axis": 0})],
+                   [Tensor("ids", DType.I64, ("seq",)), table, Tensor("y", DType.F32, ("seq", 4, 8))], ["ids"], ["y"])
+    (use,) = weight_uses(g, execution_order(g)).values()
+    assert max(use.staged.values()) == 0 and use.per_token == 4 * 8 * 4
+    raw = np.random.default_rng(3).standard_normal((100, 4, 8)).astype(np.float32)
+    (tmp_path / "t3.bin").write_bytes(raw.tobytes())
+    index = {"t3.bin": storage.WeightLocation(str(tmp_path / "t3.bin"), 0, raw.nbytes, DType.F32, (100, 4, 8))}
+    ids = np.array([99, 0, -1, 42, 7], np.int64)
+    with storage.StreamingStore(index, 1 << 20) as store:
+        exe = CPU.compile(g, None, store, max_tokens=8, kv_state=False, streamed={"t3.bin"})
+        try:
+            assert exe.streaming is not None and "t3.bin" not in exe.streaming.order  # never staged
+            for _ in range(2):
+                np.testing.assert_array_equal(np.array(exe.run({"ids": ids})["y"]), raw[ids])
+        finally:
+            exe.close()
