@@ -31,8 +31,10 @@ def test_stream_never_splits_a_character(real_tok: Tokenizer, text: str) -> None
     assert "".join(pieces) == decoded
     # SmolLM2's byte-level vocabulary lacks 21 byte values (0x04, 0x06, ..., 0xF1, 0xF2, 0xF5-0xFF), which llama.cpp
     # (and so we) drop: text with those bytes does not round-trip there. Gemma has byte fallback for all 256.
+    # SentencePiece writes a space as U+2581 and decodes every U+2581 as a space, a literal one in the text too
+    # (llama.cpp's llama_unescape_whitespace does the same), so "▁" comes back as " ".
     if real_tok.kind == "gguf:llama":
-        assert decoded == text
+        assert decoded == text.replace("\u2581", " ")
     if decoded == text:
         for piece in pieces:
             assert "\ufffd" not in piece
