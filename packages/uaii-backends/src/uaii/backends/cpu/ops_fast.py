@@ -209,6 +209,8 @@ def attention(b: Bind, info: NodeInfo) -> list[Step] | None:
     hkv, dv = k.shape[1], v.shape[2]
     scale = float(attrs["scale"]) or 1.0 / math.sqrt(d)
     window, sinks, softcap = int(attrs["sliding_window"]), int(attrs["sinks"]), float(attrs["softcap"])
+    if not attrs["causal"] and window:
+        return None  # the kernel measures a window from each query's position; non-causal queries have none here
     layer = b.exe.kv_layer.get(node.name)
     if layer is not None:
         if b.state is None:

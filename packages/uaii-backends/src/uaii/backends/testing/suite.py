@@ -268,7 +268,8 @@ def attention() -> list[Case]:
     for name, t, past, hq, hkv, attrs in (
             ("prefill", 7, 0, 4, 2, {}), ("decode_past", 1, 9, 4, 1, {}), ("chunk_past", 3, 5, 2, 2, {}),
             ("window_sinks", 8, 4, 2, 1, dict(sliding_window=3, sinks=2)), ("softcap", 5, 0, 2, 2, dict(softcap=5.0)),
-            ("noncausal", 6, 0, 2, 1, dict(causal=False)), ("scale", 4, 2, 2, 2, dict(scale=0.3))):
+            ("noncausal", 6, 0, 2, 1, dict(causal=False)), ("scale", 4, 2, 2, 2, dict(scale=0.3)),
+            ("noncausal_window", 3, 0, 2, 1, dict(causal=False, sliding_window=2))):
         b = Builder("Attention", name)
         q = b.input("q", "f32", (t, hq, 16))
         k, v = b.input("k", "f32", (t, hkv, 16)), b.input("v", "f32", (t, hkv, 8))
