@@ -45,25 +45,27 @@ def assert_same_greedy(cpu: tuple[list[int], list[float]], gpu: list[int]) -> No
             return
 
 
+CpuRuns = dict[tuple[Path, str], tuple[list[int], tuple[list[int], list[float]]]]
+
+
 @pytest.fixture(scope="module")
-def cpu_greedy() -> dict[Path, tuple[list[int], tuple[list[int], list[float]]]]:
-    """The CPU backend's prompt ids and greedy run per model file (computed once per module)."""
+def cpu_greedy() -> CpuRuns:
+    """The CPU backend's prompt ids and greedy run per model file and preset (computed once per module)."""
     return {}
 
 
-def cpu_run(path: Path, cache: dict[Path, tuple[list[int], tuple[list[int], list[float]]]]) -> tuple[
-        list[int], tuple[list[int], list[float]]]:
-    if path not in cache:
-        with Session(path, plan_cache=False) as s:
+def cpu_run(path: Path, cache: CpuRuns, preset: str = "") -> tuple[list[int], tuple[list[int], list[float]]]:
+    if (path, preset) not in cache:
+        with Session(path, plan_cache=False, **({"preset": preset} if preset else {})) as s:
             prompt = s.tokenizer.encode(PROMPT)
-            cache[path] = (prompt, greedy(s, prompt, N_NEW))
-    return cache[path]
+            cache[path, preset] = (prompt, greedy(s, prompt, N_NEW))
+    return cache[path, preset]
 
 
 @pytest.mark.parametrize("budget", [0, 25], ids=["resident", "budget25"])
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_greedy_tokens_match_the_cpu(model: str, budget: int, request: pytest.FixtureRequest,
-                                     monkeypatch: pytest.MonkeyPatch, cpu_greedy: dict) -> None:
+                                     monkeypatch: pytest.MonkeyPatch, cpu_greedy: CpuRuns) -> None:
     """Resident, and under a device budget of 25 % of the weights (the rest streams to the device per step)."""
     monkeypatch.setenv("UAII_ALLOW_SOFTWARE_GPU", "1")
     path = request.getfixturevalue(f"{model}_path")
@@ -80,5 +82,19 @@ def test_greedy_tokens_match_the_cpu(model: str, budget: int, request: pytest.Fi
             res = g.device_residency
             assert res is not None and res.streamed, "a 25 % device budget must stream weights"
             assert res.resident_bytes <= options["gpu_budget_bytes"]
+        gpu, _ = greedy(g, prompt, N_NEW)
+    assert_same_greedy(cpu, gpu)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_greedy_tokens_match_the_cpu_under_the_cli_preset(model: str, request: pytest.FixtureRequest,
+                                                          monkeypatch: pytest.MonkeyPatch, cpu_greedy: CpuRuns) -> None:
+    """What `uaii run MODEL --device webgpu --temp 0` runs: the auto preset (f16 KV cache, 2048-token window) on
+    both backends."""
+    monkeypatch.setenv("UAII_ALLOW_SOFTWARE_GPU", "1")
+    path = request.getfixturevalue(f"{model}_path")
+    prompt, cpu = cpu_run(path, cpu_greedy, "auto")
+    with Session(path, device="webgpu", plan_cache=False, preset="auto") as g:
+        assert g.options.kv_dtype == "f16"
         gpu, _ = greedy(g, prompt, N_NEW)
     assert_same_greedy(cpu, gpu)
