@@ -18,7 +18,7 @@ wgpu = pytest.importorskip("wgpu", reason="the webgpu backend needs `wgpu` (pip 
 
 from uaii.backends.analysis import node_infos  # noqa: E402
 from uaii.backends.webgpu import WebGpuBackend  # noqa: E402
-from uaii.backends.webgpu.device import MAX_BINDING_ENV, GpuDevice, choose  # noqa: E402
+from uaii.backends.webgpu.device import GpuDevice  # noqa: E402
 from uaii.backends.webgpu.executable import WebGpuExecutable  # noqa: E402
 from uaii.backends.webgpu.measure import weight_bytes  # noqa: E402
 from uaii.backends.webgpu.ops import LOWERINGS  # noqa: E402
@@ -68,15 +68,6 @@ def test_embedding_takes_ids_declared_f32() -> None:
     got = GPU.compile(_embedding(DType.F32, 3, DType.Q5_0, 8, 64), None, ArrayWeights({"table": table}),
                       kv_state=False).run({"ids": ids})["y"]
     assert np.array_equal(got, get_rows(table, DType.Q5_0, 64, ids.astype(np.int64)))
-
-
-@pytest.fixture(scope="module")
-def small_device() -> GpuDevice:
-    """A device whose storage bindings are capped at 64 KiB, so that modest tables split into row shards."""
-    info, adapter = choose(True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(MAX_BINDING_ENV, str(64 * 1024))
-        return GpuDevice(info, adapter)
 
 
 def compile_on(dev: GpuDevice, graph: Graph, weights: dict[str, np.ndarray]) -> WebGpuExecutable:

@@ -19,7 +19,7 @@ wgpu = pytest.importorskip("wgpu", reason="the webgpu backend needs `wgpu` (pip 
 
 from uaii.backends.analysis import node_infos  # noqa: E402
 from uaii.backends.webgpu import WebGpuBackend  # noqa: E402
-from uaii.backends.webgpu.device import MAX_BINDING_ENV, GpuDevice, choose, open_device  # noqa: E402
+from uaii.backends.webgpu.device import GpuDevice, open_device  # noqa: E402
 from uaii.backends.webgpu.executable import WebGpuExecutable  # noqa: E402
 from uaii.backends.webgpu.measure import copy_bandwidth, gemv_bandwidth, weight_bytes  # noqa: E402
 from uaii.backends.webgpu.ops import LOWERINGS  # noqa: E402
@@ -138,15 +138,6 @@ def test_a_plain_weight_whose_rows_are_not_whole_units_takes_the_tiled_kernel() 
     a = np.random.default_rng(7).normal(size=(3, k)).astype(np.float32)
     exe = GPU.compile(_matmul_graph(3, n, k, DType.F16), None, ArrayWeights({"w": w}), kv_state=False)
     assert np.allclose(exe.run({"a": a})["y"], a @ w.astype(np.float32).T, rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def small_device() -> GpuDevice:
-    """A device whose storage bindings are capped at 64 KiB, so that modest weights split into row shards."""
-    info, adapter = choose(True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(MAX_BINDING_ENV, str(64 * 1024))
-        return GpuDevice(info, adapter)
 
 
 def compile_on(dev: GpuDevice, graph: Graph, weights: dict[str, np.ndarray]) -> WebGpuExecutable:

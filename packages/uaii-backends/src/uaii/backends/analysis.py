@@ -176,5 +176,28 @@ def token_shapes(graph: Graph, feeds: Sequence[str], tokens: int, *,
     return shapes
 
 
-__all__ = ["KvLayout", "NodeInfo", "VType", "feed_types", "infer_types", "kv_layout", "nbytes_of", "node_infos",
-           "token_shapes", "topological"]
+@dataclass(frozen=True)
+class ArenaInputs:
+    """What a backend's ``plan_arena`` lays out: the graph's feeds (the inputs its KV state does not provide), the
+    values the state holds, and every value's type with each symbolic feed dim at ``tokens``."""
+
+    tokens: int
+    feeds: list[str]
+    stateful: frozenset[str]
+    types: dict[str, VType]
+
+
+def arena_inputs(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int) -> ArenaInputs:
+    """The types an executable of ``graph`` with its KV state bound has at ``max_tokens`` tokens — the binding it
+    prepares at compile time with a plan, so the arena is laid out at exactly the shapes that binding has."""
+    tokens = max(int(max_tokens), 1)
+    kv = kv_layout(graph)
+    feeds = [n for n in graph.inputs if n not in kv.values]
+    shapes = token_shapes(graph, feeds, tokens, batched_only=False)
+    assert shapes is not None
+    return ArenaInputs(tokens, feeds, frozenset(kv.values),
+                       infer_types(graph, list(infos), feed_types(graph, feeds, shapes, kv)))
+
+
+__all__ = ["ArenaInputs", "KvLayout", "NodeInfo", "VType", "arena_inputs", "feed_types", "infer_types", "kv_layout",
+           "nbytes_of", "node_infos", "token_shapes", "topological"]

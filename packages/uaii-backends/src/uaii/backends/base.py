@@ -350,6 +350,17 @@ class BackendBase:
                else "it declares no thread pool (capabilities.threads is False)")
         raise BackendError(f"[backend] {self.name} cannot set {n} threads: {why}")
 
+    def graph_to_run(self, graph: Graph, plan: ExecutionPlan | None, max_tokens: int) -> Graph:
+        """What ``compile`` runs: with a plan, its steps (``plan_graph``) once its arena is one this backend can
+        follow (:func:`check_plan_arena` against ``capabilities.arena``); then every node must be supported."""
+        if plan is not None:
+            check_plan_arena(self.name, self.capabilities.arena, plan.arena, max_tokens)
+            graph = plan_graph(graph, plan)
+        problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
+        if problems:
+            raise UnsupportedOpError(self.name, problems)
+        return graph
+
     def alloc(self, nbytes: int) -> Any:
         """A zero-initialized host buffer, 64-byte aligned."""
         raw = np.zeros(int(nbytes) + 64, dtype=np.uint8)

@@ -14,10 +14,7 @@ from uaii.backends.base import (
     DeviceStatus,
     Executable,
     KVStateLike,
-    UnsupportedOpError,
     WeightSource,
-    check_plan_arena,
-    plan_graph,
 )
 from uaii.backends.config import cpu_gemm
 from uaii.backends.cpu.bind import BindHost
@@ -97,12 +94,7 @@ class CpuBackend(BackendBase):
         arena is what is allocated — laid out by this backend's rule (:meth:`plan_arena`), for the plan's
         max_tokens with every symbolic feed dim at that count; a plan laid out by another rule, or one that does
         not cover the buffers (``kv_state``, ``memory_reuse`` or ``max_tokens`` other than planned), is an error."""
-        if plan is not None:
-            check_plan_arena(self.name, ARENA_RULE, plan.arena, max_tokens)
-            graph = plan_graph(graph, plan)
-        problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
-        if problems:
-            raise UnsupportedOpError(self.name, problems)
+        graph = self.graph_to_run(graph, plan, max_tokens)
         infos = node_infos(graph)
         tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512
         exe = CpuExecutable(graph, infos, weights, max_tokens=tokens, kv_state=kv_state, memory_reuse=memory_reuse,

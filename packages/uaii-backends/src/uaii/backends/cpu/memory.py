@@ -21,12 +21,10 @@ from dataclasses import dataclass, field
 from uaii.backends.analysis import (
     NodeInfo,
     VType,
-    feed_types,
+    arena_inputs,
     infer_types,
-    kv_layout,
     nbytes_of,
     node_infos,
-    token_shapes,
     topological,
 )
 from uaii.backends.base import BackendError, arena_problems
@@ -150,14 +148,8 @@ def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int, memory_re
     """The arena an executable of ``graph`` with its KV state bound (``kv_state=True``) lays out for
     ``max_tokens`` tokens (:func:`~uaii.backends.analysis.token_shapes`, as ``compile`` prepares with a plan): the
     CPU backend's ``plan_arena``."""
-    tokens = max(int(max_tokens), 1)
-    kv = kv_layout(graph)
-    stateful = kv.values
-    feeds = [n for n in graph.inputs if n not in stateful]
-    shapes = token_shapes(graph, feeds, tokens, batched_only=False)
-    assert shapes is not None
-    types = infer_types(graph, list(infos), feed_types(graph, feeds, shapes, kv))
-    return to_arena(plan_layout(graph, infos, types, feeds, stateful, memory_reuse), len(infos), tokens)
+    a = arena_inputs(graph, infos, max_tokens)
+    return to_arena(plan_layout(graph, infos, a.types, a.feeds, set(a.stateful), memory_reuse), len(infos), a.tokens)
 
 
 def _slot(layout: Layout, owner: str, steps: int) -> BufferSlot:

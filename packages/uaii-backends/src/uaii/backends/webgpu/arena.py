@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uaii.backends.analysis import NodeInfo, VType, feed_types, infer_types, kv_layout, token_shapes
+from uaii.backends.analysis import NodeInfo, VType, arena_inputs
 from uaii.backends.base import arena_problems
 from uaii.backends.webgpu.program import device_nbytes
 from uaii.ir import Graph
@@ -97,17 +97,11 @@ def _slot(r: Regions, owner: str, steps: int, types: dict[str, VType]) -> Buffer
 def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int) -> ArenaLayout:
     """The arena an executable of ``graph`` with its KV state bound allocates for ``max_tokens`` tokens: the
     binding ``prepare`` makes at compile time (every symbolic feed dim at ``max_tokens``), one slot per owner."""
-    tokens = max(int(max_tokens), 1)
-    kv = kv_layout(graph)
-    stateful = kv.values
-    feeds = [n for n in graph.inputs if n not in stateful]
-    shapes = token_shapes(graph, feeds, tokens, batched_only=False)
-    assert shapes is not None
-    types = infer_types(graph, list(infos), feed_types(graph, feeds, shapes, kv))
-    outputs = [n for n in graph.outputs if n not in stateful]
-    r = lay_out(infos, feeds, outputs, stateful, types, ALIGN)
-    slots = sorted((_slot(r, o, len(infos), types) for o in r.offset), key=lambda s: (s.first_step, s.value))
-    return ArenaLayout(size=r.total, alignment=ALIGN, max_tokens=tokens, slots=tuple(slots), rule=ARENA_RULE)
+    a = arena_inputs(graph, infos, max_tokens)
+    outputs = [n for n in graph.outputs if n not in a.stateful]
+    r = lay_out(infos, a.feeds, outputs, a.stateful, a.types, ALIGN)
+    slots = sorted((_slot(r, o, len(infos), a.types) for o in r.offset), key=lambda s: (s.first_step, s.value))
+    return ArenaLayout(size=r.total, alignment=ALIGN, max_tokens=a.tokens, slots=tuple(slots), rule=ARENA_RULE)
 
 
 def uncovered(r: Regions, arena: ArenaLayout, steps: int, types: dict[str, VType], align: int) -> Iterator[str]:

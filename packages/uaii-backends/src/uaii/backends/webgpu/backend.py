@@ -12,10 +12,7 @@ from uaii.backends.base import (
     BackendUnavailable,
     Capabilities,
     DeviceStatus,
-    UnsupportedOpError,
     WeightSource,
-    check_plan_arena,
-    plan_graph,
 )
 from uaii.ir import Graph, Node
 from uaii.ir.plan import ArenaLayout, ExecutionPlan
@@ -108,14 +105,7 @@ class WebGpuBackend(BackendBase):
         if expert_cache is not None:
             raise BackendError("[backend] webgpu: an expert cache is a host-memory structure; the device streams "
                                "expert banks shard by shard (compile without expert_cache)")
-        if plan is not None:
-            from uaii.backends.webgpu.arena import ARENA_RULE
-
-            check_plan_arena(self.name, ARENA_RULE, plan.arena, max_tokens)
-            graph = plan_graph(graph, plan)
-        problems = [(n.name, n.op, self.unsupported_reason(n) or "") for n in graph.nodes if not self.supports_op(n)]
-        if problems:
-            raise UnsupportedOpError(self.name, problems)
+        graph = self.graph_to_run(graph, plan, max_tokens)
         dev = open_device(self.allow_software)
         tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512
         exe = WebGpuExecutable(graph, node_infos(graph), weights, dev, lowerings=LOWERINGS, max_tokens=tokens,
