@@ -19,7 +19,7 @@ wgpu = pytest.importorskip("wgpu", reason="the webgpu backend needs `wgpu` (pip 
 
 from uaii.backends.analysis import node_infos  # noqa: E402
 from uaii.backends.webgpu import WebGpuBackend  # noqa: E402
-from uaii.backends.webgpu.device import GpuDevice, open_device  # noqa: E402
+from uaii.backends.webgpu.device import SUBGROUPS_ENV, GpuDevice, choose, open_device  # noqa: E402
 from uaii.backends.webgpu.executable import WebGpuExecutable  # noqa: E402
 from uaii.backends.webgpu.measure import copy_bandwidth, gemv_bandwidth, weight_bytes  # noqa: E402
 from uaii.backends.webgpu.ops import LOWERINGS  # noqa: E402
@@ -231,3 +231,124 @@ def test_the_bandwidth_probes_run() -> None:
     assert weight_bytes(DType.Q3_K, 2, 256).size == 2 * 110
     with pytest.raises(BackendError, match="multiple of its block"):
         gemv_bandwidth(dev, "q4_k", 4, 96)
+
+
+# --- subgroup reductions ------------------------------------------------------------------------------------------
+needs_subgroups = pytest.mark.skipif(not STATUS.available or not open_device(True).subgroups,
+                                     reason="the adapter has no `subgroup` feature")
+
+
+def _gemv_both_ways(compile_fn: Any, feeds: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The outputs of the graph lowered on subgroups and, with ``UAII_WEBGPU_SUBGROUPS=0``, on the portable
+    workgroup-memory tree (the flag is read when a node is lowered)."""
+    monkeypatch.delenv(SUBGROUPS_ENV, raising=False)
+    with_sg = compile_fn().run(feeds)
+    monkeypatch.setenv(SUBGROUPS_ENV, "0")
+    portable = compile_fn().run(feeds)
+    return with_sg, portable
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> bool:
+    return float(np.max(np.abs(got - want))) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
+@needs_subgroups
+@pytest.mark.parametrize(("m", "k"), [(1, 256), (5, 256), (5, 4096)], ids=["m1", "m5", "m5_k4096"])
+@pytest.mark.parametrize("dtype", TYPES, ids=lambda d: d.value)
+def test_subgroup_and_portable_reductions_agree_with_numpy_and_each_other(
+        dtype: DType, m: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = 256: a workgroup's 64 rows outnumber its subgroups (several jobs per subgroup, rows past N idle);
+    K = 4096: 4 rows per workgroup, each row split over several subgroups whose sums meet in workgroup memory."""
+    n = 40
+    raw = weight_bytes(dtype, n, k, seed=m + k)
+    a = np.random.default_rng(m).uniform(-1, 1, size=(m, k)).astype(np.float32)
+    weights = ArrayWeights({"w": _weight_array(dtype, raw, (n, k))})
+    sg, portable = _gemv_both_ways(lambda: GPU.compile(_matmul_graph(m, n, k, dtype), None, weights, kv_state=False),
+                                   {"a": a}, monkeypatch)
+    want = a.astype(np.float64) @ dequantize(raw, dtype, n * k).reshape(n, k).astype(np.float64).T
+    assert _close(sg["y"], want) and _close(portable["y"], want)
+    assert _close(sg["y"], portable["y"])
+
+
+@needs_subgroups
+def test_subgroup_gemv_on_sharded_and_streamed_weights(small_device: GpuDevice,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Q6_K lm_head in 3 row shards and a streamed Q4_0 weight in 2, M = 3 (a tile of 4 rows, one unused), with a
+    Gemm bias: each shard's dispatch writes its own columns on either path."""
+    vocab, d, m = 640, 256, 3
+    head, up = random_encoded(DType.Q6_K, vocab * d, seed=12), weight_bytes(DType.Q4_0, 600, d, seed=13)
+    bias = np.random.default_rng(14).normal(size=vocab).astype(np.float32)
+    tensors = [Tensor("a", DType.F32, (m, d)), Tensor("head", DType.Q6_K, (vocab, d), is_weight=True),
+               Tensor("up", DType.Q4_0, (600, d), is_weight=True), Tensor("c", DType.F32, (vocab,)),
+               Tensor("y", DType.F32, (m, vocab)), Tensor("z", DType.F32, (m, 600))]
+    nodes = [Node("lm_head", "Gemm", ("a", "head", "c"), ("y",), {"transB": 1, "alpha": 0.5, "beta": 2.0}),
+             Node("up", "MatMulRelu", ("a", "up"), ("z",), {"transpose_b": True})]
+    g = make_graph("sharded_sg", nodes, tensors, ["a", "c"], ["y", "z"])
+    ws = {"head": head, "up": up}
+    feeds = {"a": np.random.default_rng(15).normal(size=(m, d)).astype(np.float32), "c": bias}
+
+    exes: list[WebGpuExecutable] = []
+
+    def compile_fn() -> WebGpuExecutable:
+        exes.append(WebGpuExecutable(g, node_infos(g), ArrayWeights(ws), small_device, lowerings=LOWERINGS,
+                                     kv_state=False, streamed=("up",)))
+        return exes[-1]
+
+    sg, portable = _gemv_both_ways(compile_fn, feeds, monkeypatch)
+    for exe in exes:
+        assert [len(w.shards) for key, w in exe._packed.items() if key.split("\0")[0] in ws] == [3, 2]
+    ref = {"head": dequantize(head, DType.Q6_K, vocab * d).reshape(vocab, d),
+           "up": dequantize(up, DType.Q4_0, 600 * d).reshape(600, d)}
+    want = evaluate(g, feeds, ref)
+    for name in ("y", "z"):
+        assert _close(sg[name], want[name]) and _close(portable[name], want[name]), name
+        assert _close(sg[name], portable[name]), name
+
+
+@needs_subgroups
+def test_the_subgroup_kernel_is_what_compiles_when_the_feature_is_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh device (empty pipeline cache): with the feature the GEMV pipelines are the subgroup source, with
+    ``UAII_WEBGPU_SUBGROUPS=0`` the portable one — so neither path can silently stay unused."""
+    info, adapter = choose(True)
+    n, k = 8, 256
+    w = weight_bytes(DType.Q8_0, n, k, seed=16)
+    a = np.ones((1, k), np.float32)
+
+    def gemv_sources(flag: str | None) -> list[str]:
+        if flag is None:
+            monkeypatch.delenv(SUBGROUPS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(SUBGROUPS_ENV, flag)
+        dev = GpuDevice(info, adapter)
+        compile_on(dev, _matmul_graph(1, n, k, DType.Q8_0), {"w": w}).run({"a": a})
+        return [key for key in dev._pipelines if "// gemv" in key]
+
+    on, off = gemv_sources(None), gemv_sources("0")
+    assert len(on) == 1 and "subgroupAdd" in on[0] and on[0].split("\0", 1)[1].split("\n")[0].endswith(" subgroups")
+    assert len(off) == 1 and "subgroup" not in off[0]
+
+
+@needs_subgroups
+def test_moe_expert_passes_agree_on_both_reductions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The expert GEMVs share the row core: gate/up (K = 256) and down (K = 64, one thread per row on the portable
+    path, so each subgroup takes several rows in turn — where a loop-body `var` that naga does not reset would
+    carry one row's sum into the next)."""
+    t, e, k, ff, d = 3, 4, 2, 64, 256
+    types = {"gate": DType.Q4_K, "up": DType.Q8_0, "down": DType.F16}
+    shapes = {"gate": (e, ff, d), "up": (e, ff, d), "down": (e, d, ff)}
+    raws = {n: weight_bytes(dt, shapes[n][0] * shapes[n][1], shapes[n][2], seed=i)
+            for i, (n, dt) in enumerate(types.items())}
+    packed = {n: r if types[n].is_quantized else r.view(np.float16).reshape(shapes[n]) for n, r in raws.items()}
+    ref = {n: dequantize(r, types[n], int(np.prod(shapes[n]))).reshape(shapes[n]) for n, r in raws.items()}
+    tensors = [Tensor("x", DType.F32, (t, d)), Tensor("w", DType.F32, (t, k)), Tensor("i", DType.I64, (t, k)),
+               *(Tensor(n, types[n], shapes[n], is_weight=True) for n in types), Tensor("y", DType.F32, (t, d))]
+    g = make_graph("moe", [Node("experts", "MoEExperts", ("x", "w", "i", "gate", "up", "down"), ("y",),
+                                {"n_experts": e, "top_k": k, "activation": "silu"})], tensors, ["x", "w", "i"], ["y"])
+    rng = np.random.default_rng(17)
+    feeds = {"x": rng.normal(size=(t, d)).astype(np.float32), "w": rng.uniform(0.1, 1, (t, k)).astype(np.float32),
+             "i": np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int64)}
+    sg, portable = _gemv_both_ways(lambda: GPU.compile(g, None, ArrayWeights(packed), kv_state=False), feeds,
+                                   monkeypatch)
+    want = evaluate(g, feeds, ref)["y"]
+    assert _close(sg["y"], want) and _close(portable["y"], want) and _close(sg["y"], portable["y"])

@@ -8,6 +8,11 @@ adapter is used only when asked for (``allow_software=True``, ``--allow-software
 Limits are what the adapter allows, requested in full (WebGPU's defaults are far below what GPUs have: 128 MiB per
 storage binding, 256 MiB per buffer, 8 storage buffers per stage). ``UAII_WEBGPU_MAX_BINDING`` lowers the storage
 binding size the backend plans with, so tests can force the sharding paths on any adapter.
+
+Subgroups: where the adapter has the ``subgroup`` feature the device requests it and :attr:`GpuDevice.subgroups`
+is true; the GEMV kernels then reduce a row with ``subgroupAdd`` instead of a tree in workgroup memory
+(ops/linalg.py). ``UAII_WEBGPU_SUBGROUPS=0`` forces the portable path (to compare the two, or to step around a
+driver whose subgroup operations are wrong).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from uaii.backends.config import ALLOW_SOFTWARE_ENV
 
 MAX_BINDING_ENV = "UAII_WEBGPU_MAX_BINDING"
 ADAPTER_ENV = "UAII_WEBGPU_ADAPTER"
+SUBGROUPS_ENV = "UAII_WEBGPU_SUBGROUPS"
 SOFTWARE_NAMES = ("llvmpipe", "lavapipe", "softpipe", "swiftshader", "microsoft basic render")
 COMPUTE_BACKENDS = ("Vulkan", "Metal", "D3D12")
 """Adapter backends that run compute shaders well: the only ones wgpu's instance is asked to enumerate
@@ -229,6 +235,13 @@ class GpuDevice:
     def has_f16(self) -> bool:
         return "shader-f16" in self.features
 
+    @property
+    def subgroups(self) -> bool:
+        """Whether kernels may use subgroup operations: the device has the ``subgroup`` feature and
+        ``$UAII_WEBGPU_SUBGROUPS`` is not ``0`` (read on every call, so a test can flip it for a fresh lowering)."""
+        off = os.environ.get(SUBGROUPS_ENV, "").strip().lower() in ("0", "false", "no", "off")
+        return "subgroup" in self.features and not off
+
     def pipeline(self, source: str, entry: str = "main") -> Any:
         """The compute pipeline of a WGSL module (compiled once per source text); a WGSL error names the kernel."""
         key = entry + "\0" + source
@@ -266,5 +279,6 @@ def open_device(allow_software: bool | None = None) -> GpuDevice:
         return dev
 
 
-__all__ = ["ADAPTER_ENV", "ALLOW_SOFTWARE_ENV", "KEY_FEATURES", "KEY_LIMITS", "MAX_BINDING_ENV", "AdapterInfo",
-           "GpuDevice", "adapter_info", "adapters", "choose", "is_software", "open_device", "software_allowed"]
+__all__ = ["ADAPTER_ENV", "ALLOW_SOFTWARE_ENV", "KEY_FEATURES", "KEY_LIMITS", "MAX_BINDING_ENV", "SUBGROUPS_ENV",
+           "AdapterInfo", "GpuDevice", "adapter_info", "adapters", "choose", "is_software", "open_device",
+           "software_allowed"]

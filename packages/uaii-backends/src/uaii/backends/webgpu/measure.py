@@ -67,7 +67,7 @@ def gemv_bandwidth(dev: GpuDevice, dtype: DType | str, n: int, k: int, reps: int
     row_bytes = dt.nbytes(k)
     rows = max(1, min(n, dev.max_binding // row_bytes))
     tpr = threads_per_row(k // UNIT)
-    pipeline = dev.pipeline(gemv_source(decoder(dt), tpr, 1))
+    pipeline = dev.pipeline(gemv_source(decoder(dt), tpr, 1, subgroups=dev.subgroups))
     x, y = _storage(dev, np.ones(k, np.float32)), dev.buffer(4 * n)
     keep, groups = [], []
     for start in range(0, n, rows):

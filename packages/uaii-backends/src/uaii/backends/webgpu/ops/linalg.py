@@ -4,10 +4,11 @@ Two kernels. The *GEMV* kernel reads a weight stored [N, K] (``transpose_b``, th
 encoding and dequantizes inside the shader (see dequant.py): ``TPR`` threads share one output row, each striding
 over the row's 32-value units, and reduce in workgroup memory; a workgroup holds ``128 / TPR`` rows. For M > 1
 activation rows (prefill) each workgroup also takes a tile of up to 8 rows, so every weight unit is decoded once
-per tile. A weight larger than one storage binding arrives in row shards (``Lower.packed``): one dispatch per shard,
-each writing its own output columns. Everything else — B an activation, B stored [K, N], batched B, transposed A —
-goes to a tiled f32 kernel with strides (weights then read as f32, whole — or, for an f32 [K, N] weight larger than
-a binding, shard by shard along K, the partial products summed in Y).
+per tile. Where the device has subgroups (:attr:`GpuDevice.subgroups`) the GEMV reduces with ``subgroupAdd``
+instead (:data:`GEMV_SG`). A weight larger than one storage binding arrives in row shards (``Lower.packed``): one
+dispatch per shard, each writing its own output columns. Everything else — B an activation, B stored [K, N],
+batched B, transposed A — goes to a tiled f32 kernel with strides (weights then read as f32, whole — or, for an
+f32 [K, N] weight larger than a binding, shard by shard along K, the partial products summed in Y).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ fn part(x: u32, q: ptr<function, array<vec4<f32>, 8>>, s: vec4<f32>) -> f32 {{
   let hi = dot((*q)[4], x4) + dot((*q)[5], x5) + dot((*q)[6], x6) + dot((*q)[7], x7);
   return {combine};
 }}
-fn row_dot(rb: u32, xb: u32, ldx: u32, nm: u32, t: u32, units: u32) -> array<f32, {mt}> {{
+fn row_dot(rb: u32, xb: u32, ldx: u32, nm: u32, t: u32, units: u32{st}) -> array<f32, {mt}> {{
   var acc: array<f32, {mt}>;
   var q: array<vec4<f32>, 8>;
-  for (var u = t; u < units; u = u + {tpr}u) {{
+  for (var u = t; u < units; u = u + {step}) {{
     let s = unit({addr}, &q);
 {rows}  }}
   return acc;
@@ -44,9 +45,11 @@ fn row_dot(rb: u32, xb: u32, ldx: u32, nm: u32, t: u32, units: u32) -> array<f32
 """
 
 
-def row_dot_wgsl(dec: Decoder, tpr: int, mt: int) -> str:
+def row_dot_wgsl(dec: Decoder, tpr: int, mt: int, strided: bool = False) -> str:
     """``row_dot``: this thread's share of the dot products of one packed weight row (at byte ``rb`` of ``W``) with
-    ``nm`` <= mt rows of ``X`` (vec4 index ``xb``, stride ``ldx``); units ``t, t+tpr, ...`` of ``units``."""
+    ``nm`` <= mt rows of ``X`` (vec4 index ``xb``, stride ``ldx``); units ``t, t+tpr, ...`` of ``units`` — or, when
+    ``strided``, ``t, t+st, ...`` with ``st`` a last argument (the subgroup kernel knows its stride only at run
+    time)."""
     combine = "lo + hi"
     if dec.scaled:
         combine = "s.x * lo + s.y * hi"
@@ -54,7 +57,9 @@ def row_dot_wgsl(dec: Decoder, tpr: int, mt: int) -> str:
         combine += " + s.z * dot(x0 + x1 + x2 + x3, vec4<f32>(1.0)) + s.w * dot(x4 + x5 + x6 + x7, vec4<f32>(1.0))"
     rows = "".join(f"    if ({i}u < nm) {{ acc[{i}] = acc[{i}] + part(xb + {i}u * ldx + u * 8u, &q, s); }}\n"
                    for i in range(mt))
-    return dec.wgsl + ROW_DOT.format(combine=combine, mt=mt, tpr=tpr, addr=dec.address("rb", "u"), rows=rows)
+    st, step = (", st: u32", "st") if strided else ("", f"{tpr}u")
+    return dec.wgsl + ROW_DOT.format(combine=combine, mt=mt, st=st, step=step, addr=dec.address("rb", "u"),
+                                     rows=rows)
 
 
 def reduce_wgsl(tpr: int, mt: int) -> str:
@@ -114,20 +119,84 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 """
 
 
-def gemv_source(dec: Decoder, tpr: int, mt: int, has_c: bool = False, relu: bool = False) -> str:
-    """The GEMV kernel over a packed weight (bindings: W, X, Y[, C]); params in the order of :func:`gemv_params`."""
+GEMV_SG = """// gemv {dtype} tpr={tpr} mt={mt} c={has_c} relu={relu} subgroups
+struct P {{ rows: u32, units: u32, row_bytes: u32, m: u32, ldx: u32, ldy: u32, col0: u32, groups: u32,
+           cm: u32, cn: u32, alpha: f32, beta: f32 }};
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read_write> W: array<u32>;
+@group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+{cbind}{dot}
+var<workgroup> red: array<f32, {red}>;
+@compute @workgroup_size({wg})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32,
+        @builtin(num_subgroups) nsg: u32) {{
+  let g = wid.x + wid.y * nwg.x;
+  let m0 = (g / p.groups) * {mt}u; let r0 = (g % p.groups) * {rpw}u;
+  let lanes = subgroupAdd(1u); let rank = subgroupExclusiveAdd(1u);
+  let per = max(1u, nsg / {rpw}u);
+  var acc: array<f32, {mt}>;  // reset in the loop: naga initializes a loop-body `var` only once
+  for (var job = sg; job < {rpw}u * per; job = job + nsg) {{
+    let row = r0 + job % {rpw}u;
+    acc = array<f32, {mt}>();
+    if (row < p.rows && m0 < p.m) {{
+      acc = row_dot(row * p.row_bytes, m0 * p.ldx, p.ldx, min(p.m - m0, {mt}u), (job / {rpw}u) * lanes + rank,
+                    p.units, per * lanes);
+    }}
+{sgsum}  }}
+  workgroupBarrier();
+  let row = r0 + li;
+  if (li < {rpw}u && row < p.rows) {{
+    let col = p.col0 + row;
+    var tot: array<f32, {mt}>;
+    for (var q = 0u; q < per; q = q + 1u) {{
+{total}    }}
+{store}  }}
+}}
+"""
+"""The GEMV on subgroups. WGSL promises nothing about which local invocations form a subgroup or in which lane
+order, so work goes by subgroup, not by ``local_invocation_index``: the workgroup's ``rpw`` rows are split into
+``per = max(1, num_subgroups / rpw)`` parts, and subgroup ``subgroup_id`` takes jobs ``subgroup_id,
++num_subgroups, ...`` (job = part * rpw + row). Inside a job the lanes are numbered by ``subgroupExclusiveAdd(1)``
+among the active ones (dense even in a partial subgroup) and stride over the row's units by
+``per * subgroupAdd(1)``; ``subgroupAdd`` then sums the job and the subgroup's first lane writes it to
+``red[job]``, a slot no other subgroup writes. After one barrier, thread ``li < rpw`` adds its row's ``per``
+parts. Correct for any lane mapping and subgroup size, no atomics, one barrier instead of log2(tpr).
+
+Naga (wgpu-native) rejects the ``enable subgroups;`` directive ("not yet implemented") and accepts the built-ins
+when the device has the feature, so the source carries no directive; a browser's Tint would need it first."""
+
+
+def _gemv_store(mt: int, has_c: bool, relu: bool, total: str) -> str:
+    """The statements that write a row's ``mt`` results (``total`` formats the row sum of activation row {i})."""
     store = ""
     for i in range(mt):
-        v = f"p.alpha * red[{i}u * {WG}u + li]"
+        v = "p.alpha * " + total.format(i=i)
         if has_c:
             v += f" + p.beta * C[(m0 + {i}u) * p.cm + col * p.cn]"
         if relu:
             v = f"max({v}, 0.0)"
         store += f"    if (m0 + {i}u < p.m) {{ Y[(m0 + {i}u) * p.ldy + col] = {v}; }}\n"
+    return store
+
+
+def gemv_source(dec: Decoder, tpr: int, mt: int, has_c: bool = False, relu: bool = False,
+                subgroups: bool = False) -> str:
+    """The GEMV kernel over a packed weight (bindings: W, X, Y[, C]); params in the order of :func:`gemv_params`.
+    ``subgroups``: the :data:`GEMV_SG` variant (the device must have the ``subgroup`` feature); the same
+    bindings, params and dispatch size, the same sums up to f32 reassociation."""
     cbind = "@group(0) @binding(4) var<storage, read_write> C: array<f32>;\n" if has_c else ""
-    return GEMV.format(dtype=dec.dtype.value, tpr=tpr, mt=mt, has_c=int(has_c), relu=int(relu), cbind=cbind,
-                       dot=row_dot_wgsl(dec, tpr, mt), red=WG * mt, wg=WG, rpw=WG // tpr,
-                       reduce=reduce_wgsl(tpr, mt), store=store)
+    common = dict(dtype=dec.dtype.value, tpr=tpr, mt=mt, has_c=int(has_c), relu=int(relu), cbind=cbind,
+                  red=WG * mt, wg=WG, rpw=WG // tpr)
+    if not subgroups:
+        return GEMV.format(**common, dot=row_dot_wgsl(dec, tpr, mt), reduce=reduce_wgsl(tpr, mt),
+                           store=_gemv_store(mt, has_c, relu, "red[{i}u * " + f"{WG}u + li]"))
+    sgsum = "".join(f"    let s{i} = subgroupAdd(acc[{i}]);\n" for i in range(mt))
+    sgsum += "    if (rank == 0u) { " + "".join(f"red[{i}u * {WG}u + job] = s{i}; " for i in range(mt)) + "}\n"
+    total = "".join(f"      tot[{i}] = tot[{i}] + red[{i}u * {WG}u + q * {WG // tpr}u + li];\n" for i in range(mt))
+    return GEMV_SG.format(**common, dot=row_dot_wgsl(dec, tpr, mt, strided=True), sgsum=sgsum, total=total,
+                          store=_gemv_store(mt, has_c, relu, "tot[{i}]"))
 
 
 def gemv_params(rows: int, k: int, row_bytes: int, m: int, n: int, col0: int, tpr: int, *, cm: int = 0,
@@ -144,7 +213,7 @@ def gemv(ctx: Lower, a: str, w_name: str, y: str, *, relu: bool = False, alpha: 
     n, k = w.shape
     m = ctx.count(a) // k
     tpr, mt = threads_per_row(k // UNIT), tile_rows(m)
-    src = gemv_source(dec, tpr, mt, bool(c), relu)
+    src = gemv_source(dec, tpr, mt, bool(c), relu, ctx.dev.subgroups)
     cm, cn = _c_strides(ctx, c, m, n)
     tiles = -(-m // mt)
     for s in w.shards:
@@ -296,5 +365,5 @@ def gemm(ctx: Lower, info: NodeInfo) -> None:
 LOWERINGS: dict[str, Lowering] = {"MatMul": matmul, "MatMulRelu": matmul, "GroupedMatMul": grouped_matmul,
                                   "Gemm": gemm}
 
-__all__ = ["LOWERINGS", "gemv", "gemv_params", "gemv_source", "packed_ok", "reduce_wgsl", "row_dot_wgsl",
+__all__ = ["GEMV_SG", "LOWERINGS", "gemv", "gemv_params", "gemv_source", "packed_ok", "reduce_wgsl", "row_dot_wgsl",
            "threads_per_row", "tile_rows", "tiled"]

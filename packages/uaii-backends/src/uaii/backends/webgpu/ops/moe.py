@@ -2,8 +2,9 @@
 
 The router is one thread per token (softmax or sigmoid over a few dozen experts, then top-k by repeated
 selection, ties to the lower index). The experts run as three GEMV passes over the packed banks, with the GEMV
-core of linalg.py (a row's threads stride over its 32-value units, then reduce in workgroup memory); a "row" is one
-output feature of one (token, slot) pair, and its weight row is found through the slot's expert index:
+core of linalg.py (a row's threads stride over its 32-value units, then reduce in workgroup memory — or, on a
+device with subgroups, with ``subgroupAdd`` as linalg.GEMV_SG explains); a "row" is one output feature of one
+(token, slot) pair, and its weight row is found through the slot's expert index:
 
 1. gate: ``G[t, j, f] = gate[e] [f] · X[t]``;
 2. up:   ``G[t, j, f] = act(G[t, j, f]) * (up[e] [f] · X[t])`` (in place);
@@ -122,14 +123,61 @@ _STORE = {
 }
 
 
-def expert_source(mode: str, dec: Decoder, tpr: int, act: str) -> str:
-    """The kernel of one pass (``gate``, ``up`` or ``down``) over a bank decoded by ``dec``."""
+EXPERT_SG = """// moe {mode} {dtype} tpr={tpr} act={act} subgroups
+struct P {{ rows: u32, units: u32, row_bytes: u32, expert_bytes: u32, e0: u32, e1: u32, k: u32, per: u32,
+           ldx: u32, groups: u32, acc: u32, _p: u32 }};
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read_write> W: array<u32>;
+@group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> IDX: array<i32>;
+{outs}{lib}{math}
+var<workgroup> red: array<f32, {wg}>;
+var<workgroup> hits: array<u32, {rpw}>;
+@compute @workgroup_size({wg})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32,
+        @builtin(num_subgroups) nsg: u32) {{
+  let g0 = wid.x + wid.y * nwg.x;
+  let lanes = subgroupAdd(1u); let rank = subgroupExclusiveAdd(1u);
+  let parts = max(1u, nsg / {rpw}u);
+  var acc: array<f32, 1>; var hit: bool;  // reset in the loop: naga initializes a loop-body `var` only once
+  for (var job = sg; job < {rpw}u * parts; job = job + nsg) {{
+    let row = g0 * {rpw}u + job % {rpw}u; let t = (job / {rpw}u) * lanes + rank; let st = parts * lanes;
+    acc = array<f32, 1>(); hit = false;
+    if (row < p.rows) {{
+{rowmap}    }}
+    let s = subgroupAdd(acc[0]);
+    if (rank == 0u) {{ red[job] = s; if (job < {rpw}u) {{ hits[job] = u32(hit); }} }}
+  }}
+  workgroupBarrier();
+  let row = g0 * {rpw}u + li;
+  if (li < {rpw}u && row < p.rows && hits[li] == 1u) {{
+    var tot = 0.0;
+    for (var q = 0u; q < parts; q = q + 1u) {{ tot = tot + red[q * {rpw}u + li]; }}
+{store}  }}
+}}
+"""
+"""The expert pass on subgroups: jobs (row, part) go by ``subgroup_id`` and lanes by their rank among the active
+ones, as in linalg.GEMV_SG; whether the row's expert is in this shard (``hit``) travels to the storing thread
+through ``hits``, written by the subgroup that did the row's part 0."""
+
+
+def expert_source(mode: str, dec: Decoder, tpr: int, act: str, subgroups: bool = False) -> str:
+    """The kernel of one pass (``gate``, ``up`` or ``down``) over a bank decoded by ``dec``; ``subgroups``: the
+    :data:`EXPERT_SG` variant (the device must have the ``subgroup`` feature)."""
     outs = ("@group(0) @binding(4) var<storage, read_write> RW: array<f32>;\n"
             "@group(0) @binding(5) var<storage, read_write> Y: array<f32>;\n") if mode == "down" else \
         "@group(0) @binding(4) var<storage, read_write> G: array<f32>;\n"
+    rowmap = _DOWN_MAP if mode == "down" else _GATE_UP_MAP
+    if subgroups:
+        return EXPERT_SG.format(mode=mode, dtype=dec.dtype.value, tpr=tpr, act=act if mode == "up" else "-",
+                                outs=outs, lib=row_dot_wgsl(dec, tpr, 1, strided=True),
+                                math=MATH if mode == "up" else "", wg=WG, rpw=WG // tpr,
+                                rowmap=rowmap.replace("t, p.units)", "t, p.units, st)"),
+                                store=_STORE[mode].format(act=ACT[act]).replace("red[li]", "tot"))
     return EXPERT.format(mode=mode, dtype=dec.dtype.value, tpr=tpr, act=act if mode == "up" else "-", outs=outs,
                          lib=row_dot_wgsl(dec, tpr, 1), math=MATH if mode == "up" else "", wg=WG,
-                         rpw=WG // tpr, rowmap=_DOWN_MAP if mode == "down" else _GATE_UP_MAP,
+                         rpw=WG // tpr, rowmap=rowmap,
                          reduce=reduce_wgsl(tpr, 1), store=_STORE[mode].format(act=ACT[act]))
 
 
@@ -143,7 +191,7 @@ def _pass(ctx: Lower, mode: str, bank: GpuWeight, x: Region, idx: str, k: int, r
         raise BackendError(f"[backend] webgpu: node {ctx.node!r}: bank {bank.name!r} rows hold {inner} values; the "
                            f"expert kernels need a multiple of {UNIT}")
     tpr = threads_per_row(inner // UNIT)
-    src = expert_source(mode, dec, tpr, act)
+    src = expert_source(mode, dec, tpr, act, ctx.dev.subgroups)
     for n, s in enumerate(bank.shards):
         params = [rows, inner // UNIT, dec.dtype.nbytes(inner), bank.row_bytes, s.start, s.stop, k, per,
                   inner // 4, -(-rows // (WG // tpr)), int(n > 0), 0]
@@ -170,4 +218,4 @@ def experts(ctx: Lower, info: NodeInfo) -> None:
 
 LOWERINGS: dict[str, Lowering] = {"MoERouter": router, "MoEExperts": experts, "MoEExpertsSwiGLU": experts}
 
-__all__ = ["LOWERINGS", "expert_source", "experts", "router"]
+__all__ = ["EXPERT_SG", "LOWERINGS", "expert_source", "experts", "router"]
