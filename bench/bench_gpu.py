@@ -28,16 +28,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))  # bench_models, also when this file is loaded by path (its tests)
+from bench_models import GEMV_SHAPES, model_path  # noqa: E402
 
-# (name, k, n): W is [n, k]; y = x . W^T — the GEMV shapes of bench_kernels.py
-SHAPES = [
-    ("smollm2 ffn_up/gate", 576, 1536),
-    ("smollm2 ffn_down", 1536, 576),
-    ("smollm2 lm_head", 576, 49152),
-    ("gemma3 ffn_up/gate", 640, 2048),
-    ("gemma3 ffn_down", 2048, 640),
-    ("gemma3 lm_head", 640, 262144),
-]
+SHAPES = GEMV_SHAPES
 QUICK_SHAPES = ["smollm2 ffn_up/gate", "smollm2 ffn_down", "smollm2 lm_head"]
 TYPES = ["f32", "f16", "bf16", "q8_0", "q6_k", "q5_0", "q4_k", "q4_1", "q4_0"]
 QUICK_TYPES = ["f16", "q8_0", "q4_k", "q4_0"]
@@ -244,9 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     copy, gemv, note = (None, [], "") if args.no_gemv else measure_gpu(dev, args)
     models: list[dict[str, Any]] = []
     if not args.no_models:
-        sys.path.insert(0, str(REPO / "bench"))
-        from bench_models import model_path
-
         models = model_rows(keys, prompt, gen, args.timeout, model_path)
     print(f"prompt {prompt} tokens, decode {gen} tokens greedy, KV cache f32 unbounded; load average "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")

@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from bench_models import GEMV_SHAPES
 
 import uaii.kernels as K
 from uaii.ir.dtype import DType
@@ -36,15 +37,7 @@ from uaii.kernels import native
 from uaii.kernels.accuracy import gemm_accuracy
 from uaii.kernels.testing import random_weight
 
-# (name, k, n): W is [n, k]; y = x . W^T
-SHAPES = [
-    ("smollm2 ffn_up/gate", 576, 1536),
-    ("smollm2 ffn_down", 1536, 576),
-    ("smollm2 lm_head", 576, 49152),
-    ("gemma3 ffn_up/gate", 640, 2048),
-    ("gemma3 ffn_down", 2048, 640),
-    ("gemma3 lm_head", 640, 262144),
-]
+SHAPES = GEMV_SHAPES
 QUICK_SHAPES = ["smollm2 ffn_up/gate", "smollm2 ffn_down", "gemma3 ffn_down", "smollm2 lm_head"]
 TYPES = ["f32", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q5_1", "q5_0", "q4_k", "q4_1", "q4_0", "iq4_nl", "iq4_xs",
          "mxfp4", "q3_k", "q2_k"]

@@ -1,5 +1,6 @@
 """The real models of ``scripts/models.py`` for the benchmark scripts, which run as ``python bench/<script>.py``
-(so this folder is on ``sys.path``): one loader of that script instead of a copy in each benchmark."""
+(so this folder is on ``sys.path``): one loader of that script, and one table of their GEMV shapes, instead of a
+copy in each benchmark."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+# (name, k, n): W is [n, k]; y = x . W^T — the matrix-vector products of the real models' layers
+GEMV_SHAPES = [
+    ("smollm2 ffn_up/gate", 576, 1536),
+    ("smollm2 ffn_down", 1536, 576),
+    ("smollm2 lm_head", 576, 49152),
+    ("gemma3 ffn_up/gate", 640, 2048),
+    ("gemma3 ffn_down", 2048, 640),
+    ("gemma3 lm_head", 640, 262144),
+]
 
 
 def model_path(key: str) -> Path:

@@ -93,8 +93,7 @@ def tile_rows(m: int) -> int:
     return mt
 
 
-GEMV = """// gemv {dtype} tpr={tpr} mt={mt} c={has_c} relu={relu}
-struct P {{ rows: u32, units: u32, row_bytes: u32, m: u32, ldx: u32, ldy: u32, col0: u32, groups: u32,
+GEMV_HEAD = """struct P {{ rows: u32, units: u32, row_bytes: u32, m: u32, ldx: u32, ldy: u32, col0: u32, groups: u32,
            cm: u32, cn: u32, alpha: f32, beta: f32 }};
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read_write> W: array<u32>;
@@ -102,7 +101,12 @@ struct P {{ rows: u32, units: u32, row_bytes: u32, m: u32, ldx: u32, ldy: u32, c
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 {cbind}{dot}
 var<workgroup> red: array<f32, {red}>;
-@compute @workgroup_size({wg})
+"""
+"""What both GEMV kernels declare: params (:func:`gemv_params`), bindings W, X, Y[, C], the row dot product and the
+workgroup reduction array."""
+
+GEMV = """// gemv {dtype} tpr={tpr} mt={mt} c={has_c} relu={relu}
+"""+GEMV_HEAD+"""@compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {{
   let g = wid.x + wid.y * nwg.x;
@@ -120,15 +124,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
 
 GEMV_SG = """// gemv {dtype} tpr={tpr} mt={mt} c={has_c} relu={relu} subgroups
-struct P {{ rows: u32, units: u32, row_bytes: u32, m: u32, ldx: u32, ldy: u32, col0: u32, groups: u32,
-           cm: u32, cn: u32, alpha: f32, beta: f32 }};
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read_write> W: array<u32>;
-@group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
-{cbind}{dot}
-var<workgroup> red: array<f32, {red}>;
-@compute @workgroup_size({wg})
+"""+GEMV_HEAD+"""@compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32,
         @builtin(num_subgroups) nsg: u32) {{

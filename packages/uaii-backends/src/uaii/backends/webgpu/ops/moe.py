@@ -77,16 +77,20 @@ def router(ctx: Lower, info: NodeInfo) -> None:
 ACT = {"silu": "silu(g)", "gelu": "gelu_erf(g)"}
 """The expert activations, from elementwise.MATH: the same functions the Silu and Gelu ops compute."""
 
-EXPERT = """// moe {mode} {dtype} tpr={tpr} act={act}
-struct P {{ rows: u32, units: u32, row_bytes: u32, expert_bytes: u32, e0: u32, e1: u32, k: u32, per: u32,
-           ldx: u32, groups: u32, acc: u32, _p: u32 }};
+EXPERT_HEAD = """struct P {{ rows: u32, units: u32, row_bytes: u32, expert_bytes: u32, e0: u32, e1: u32, k: u32,
+           per: u32, ldx: u32, groups: u32, acc: u32, _p: u32 }};
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read_write> W: array<u32>;
 @group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> IDX: array<i32>;
 {outs}{lib}{math}
 var<workgroup> red: array<f32, {wg}>;
-@compute @workgroup_size({wg})
+"""
+"""What both expert kernels declare: params, bindings W, X, IDX and the pass's outputs, the decoder library, the
+activations and the workgroup reduction array."""
+
+EXPERT = """// moe {mode} {dtype} tpr={tpr} act={act}
+"""+EXPERT_HEAD+"""@compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {{
   let g0 = wid.x + wid.y * nwg.x;
@@ -124,15 +128,7 @@ _STORE = {
 
 
 EXPERT_SG = """// moe {mode} {dtype} tpr={tpr} act={act} subgroups
-struct P {{ rows: u32, units: u32, row_bytes: u32, expert_bytes: u32, e0: u32, e1: u32, k: u32, per: u32,
-           ldx: u32, groups: u32, acc: u32, _p: u32 }};
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read_write> W: array<u32>;
-@group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> IDX: array<i32>;
-{outs}{lib}{math}
-var<workgroup> red: array<f32, {wg}>;
-var<workgroup> hits: array<u32, {rpw}>;
+"""+EXPERT_HEAD+"""var<workgroup> hits: array<u32, {rpw}>;
 @compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32,
