@@ -144,3 +144,35 @@ def test_rope_frequency_factors_of_a_streamed_weight_are_folded_in_once() -> Non
         np.testing.assert_allclose(exe.run(feeds)["y"], ref, rtol=1e-4, atol=1e-4)
     assert exe.memory().weight_bytes == 4 * 2 * 8  # the frequencies alone (two f32 parts each), not the factors
     assert not [op for b in exe._bindings.values() for op in b.program if isinstance(op, Upload)]
+
+
+def test_streamed_banks_stored_one_tensor_per_expert_upload_each_shards_experts() -> None:
+    """An expert bank stored as one tensor per expert (``experts.*`` references, as HF checkpoints have), streamed
+    in shards of fewer experts than the bank holds: each shard gathers exactly its experts from the store."""
+    from dataclasses import replace
+
+    from uaii.backends.testing import cases
+    from uaii.ir import WeightRef
+
+    case = next(c for c in cases(["MoEExpertsSwiGLU"]) if c.id == "MoEExpertsSwiGLU/q4_0_4")
+    arrays, tensors = {}, []
+    for t in case.graph.tensors:
+        if t.is_weight:
+            ref = WeightRef("model.safetensors", f"experts.*.{t.name}.weight")
+            per = np.ascontiguousarray(case.weights[t.name]).reshape(-1).view(np.uint8).reshape(t.shape[0], -1)
+            arrays.update({str(ref.with_expert(e)): per[e] for e in range(t.shape[0])})
+            t = replace(t, weight=ref)
+        tensors.append(t)
+    g = replace(case.graph, tensors=tuple(tensors))
+    dev = open_device(True)
+    resident = WebGpuExecutable(g, node_infos(g), ArrayWeights(arrays), dev, lowerings=LOWERINGS, kv_state=False)
+    want = resident.run(case.feeds)
+    one_expert = DType.Q4_0.nbytes(32 * 64)
+    banks = [t.name for t in tensors if t.is_weight]
+    exe = WebGpuExecutable(g, node_infos(g), ArrayWeights(arrays), dev, lowerings=LOWERINGS, kv_state=False,
+                           streamed=[str(t.weight) for t in tensors if t.is_weight], chunk_bytes=one_expert)
+    got = exe.run(case.feeds)
+    staged = {w.name: len(w.shards) for w in exe._packed.values() if w.streamed}
+    assert staged == dict.fromkeys(banks, 4)  # one expert per shard
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

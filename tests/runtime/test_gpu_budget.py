@@ -173,3 +173,30 @@ def test_webgpu_runs_a_model_larger_than_its_budget(tiny: Path, monkeypatch: pyt
         got = [s.forward(ids)] + [s.forward([t]) for t in (5, 8)]
     for a, b in zip(want, got, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_webgpu_streams_expert_banks_stored_one_tensor_per_expert(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HF MoE checkpoint keeps each expert in its own tensor (an ``experts.*`` bank reference): streamed to the
+    device, each shard is gathered expert by expert from the store, and the logits equal the resident run's."""
+    pytest.importorskip("wgpu", reason="the webgpu backend needs `wgpu` (pip install 'uaii-backends[webgpu]')")
+    import loader_helpers as H
+
+    from uaii.backends.webgpu import WebGpuBackend
+
+    status = WebGpuBackend(allow_software=True).probe()
+    if not status.available:
+        pytest.skip(f"no WebGPU adapter: {status.reason}")
+    monkeypatch.setenv("UAII_ALLOW_SOFTWARE_GPU", "1")
+    d = H.save_tiny("qwen2moe", tmp_path / "qwen2moe")
+    ids = [5, 9, 13, 2, 7]
+    with Session(d, device="webgpu", plan_cache=False, **SMALL) as s:
+        full = s.device_residency
+        assert full is not None and full.streamed == ()
+        want = s.forward(ids)
+    budget = full.total_bytes - full.resident_bytes // 2
+    with Session(d, device="webgpu", plan_cache=False, gpu_budget_bytes=budget, **SMALL) as s:
+        assert s.device_residency is not None
+        assert any("*" in ref for ref in s.device_residency.streamed), s.device_residency.streamed
+        got = s.forward(ids)
+    np.testing.assert_array_equal(got, want)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from uaii.backends.analysis import NodeInfo, VType, infer_types
+from uaii.backends.analysis import KvLayout, NodeInfo, VType, feed_types, infer_types, kv_layout
 from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
 from uaii.backends.webgpu.arena import VIEW_OPS, lay_out, uncovered
 from uaii.backends.webgpu.device import GpuDevice
@@ -36,7 +36,7 @@ from uaii.backends.webgpu.program import (
     padded,
     to_device,
 )
-from uaii.ir import Graph, UaiiError
+from uaii.ir import Graph
 from uaii.ir.kvcache import kv_bytes_per_token
 from uaii.ir.plan import ArenaLayout
 from uaii.storage import rows_ref
@@ -82,9 +82,8 @@ class WebGpuExecutable:
         self.weight_bytes = 0
         self._tmap = tmap
         self._slot_bytes = self._slot_size()
-        from uaii.backends.webgpu.kv import find_kv
-
-        self.kv = find_kv(graph) if kv_state else None
+        kv = kv_layout(graph)
+        self.kv: KvLayout | None = kv if kv_state and kv.layers else None  # None: no cached attention to bind
         stateful = self.kv.values if self.kv is not None else frozenset()
         self.input_names = tuple(n for n in graph.inputs if n not in stateful)
         self.output_names = tuple(n for n in graph.outputs if n not in stateful)
@@ -213,17 +212,24 @@ class WebGpuExecutable:
         """A weight's stored bytes, flat. An expert bank stored as one tensor per expert (HF checkpoints: a
         ``experts.*`` reference the store cannot serve whole) is read expert by expert (``#e=N``), as the CPU does."""
         t = self._tmap[name]
-        try:
+        if not self._per_expert(name):
             return np.ascontiguousarray(self._host(name)).reshape(-1).view(np.uint8)
-        except UaiiError:
-            if t.weight is None or len(t.shape) != 3:
-                raise
-            self._acquired.discard(weight_key(t))
-        parts = []
-        for e in range(int(t.shape[0])):
-            ref = str(t.weight.with_expert(e))
-            self._acquired.add(ref)
-            parts.append(np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8))
+        out = self._experts(name, 0, int(t.shape[0]))
+        self._acquired.update(str(t.weight.with_expert(e)) for e in range(int(t.shape[0])))  # type: ignore[union-attr]
+        return out
+
+    def _per_expert(self, name: str) -> bool:
+        """Whether ``name`` is an expert bank stored as one tensor per expert (an ``experts.*`` reference, as HF
+        checkpoints have): the store serves it expert by expert (``#e=N``), never whole."""
+        t = self._tmap[name]
+        return t.weight is not None and len(t.shape) == 3 and "*" in str(t.weight)
+
+    def _experts(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Experts [start, stop) of a bank stored per expert, gathered into one host buffer."""
+        t = self._tmap[name]
+        assert t.weight is not None
+        parts = [np.ascontiguousarray(self._source.acquire(str(t.weight.with_expert(e)))).reshape(-1).view(np.uint8)
+                 for e in range(start, stop)]
         return np.concatenate(parts)
 
     def _row_splits(self, dtype: Any, shape: tuple[int, ...], limit: int = 0) -> list[tuple[int, int]]:
@@ -284,16 +290,13 @@ class WebGpuExecutable:
         gathered expert by expert into one host buffer first."""
         t = self._tmap[name]
         ref = weight_key(t)
-        if t.weight is not None and len(w.shape) == 3 and "*" in ref:
-            out = np.empty(s.region.nbytes, np.uint8)
-            at = 0
-            for e in range(s.start, s.stop):
-                one = str(t.weight.with_expert(e))
-                part = np.ascontiguousarray(self._source.acquire(one)).reshape(-1).view(np.uint8)
-                out[at:at + part.size] = part
-                at += part.size
-                self._source.release(one)
-            queue.write_buffer(s.region.buffer, s.region.offset, padded(out[:at]))
+        if self._per_expert(name):
+            assert t.weight is not None
+            try:
+                queue.write_buffer(s.region.buffer, s.region.offset, padded(self._experts(name, s.start, s.stop)))
+            finally:
+                for e in range(s.start, s.stop):
+                    self._source.release(str(t.weight.with_expert(e)))
             return
         whole = s.start == 0 and s.stop == w.rows
         if t.weight is not None and not whole and len(w.shape) > 1:  # a file's tensor: the store reads the rows
@@ -308,11 +311,7 @@ class WebGpuExecutable:
 
     # --- binding -------------------------------------------------------------------------------------------
     def feed_types(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, VType]:
-        tmap = self.graph.tensor_map
-        types = {n: VType(tmap[n].dtype, tuple(int(d) for d in shapes[n])) for n in self.input_names}
-        if self.kv is not None:
-            types.update(self.kv.past_types(tmap))
-        return types
+        return feed_types(self.graph, self.input_names, shapes, self.kv)
 
     def _bind(self, shapes: Mapping[str, tuple[int, ...]], state: Any) -> Binding:
         types = infer_types(self.graph, self.infos, self.feed_types(shapes))
