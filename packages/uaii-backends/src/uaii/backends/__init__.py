@@ -10,6 +10,8 @@ it), GPU device probes, the registry (entry-point group ``uaii.backends``) and t
     # what uaii.runtime.planning.arena_policy(cpu) builds from cpu.plan_arena (docs/backends.md, "arena")
     state = exe.new_state(4096)                     # KV cache for graphs with cached Attention
     out = exe.run({"tokens": ids, "positions": pos}, state)
+    # several sequences, one decode row each (Capabilities.batched_kv): row i of the feeds belongs to rows[i]
+    out = exe.run({"tokens": next_ids, "positions": [s.reserve(1) for s in states]}, KVBatch(states))
 """
 
 from importlib.metadata import version as _version
@@ -31,6 +33,7 @@ from uaii.backends.base import (
 )
 from uaii.backends.cpu import CpuBackend, CpuExecutable, KVCacheFull, KVState
 from uaii.backends.gpu import CudaBackend, GpuProbeBackend, MetalBackend, RocmBackend, VulkanBackend
+from uaii.backends.kv_book import KVBatch
 from uaii.backends.registry import ENTRY_POINT_GROUP, backend_names, get_backend, list_backends, select_device
 from uaii.backends.webgpu import WebGpuBackend
 
@@ -38,7 +41,7 @@ __version__ = _version("uaii-backends")
 __all__ = [
     "ENTRY_POINT_GROUP", "ArrayWeights", "Backend", "BackendBase", "BackendError", "BackendUnavailable",
     "Capabilities", "CpuBackend", "CpuExecutable", "CudaBackend", "DeviceStatus", "Executable", "GpuProbeBackend",
-    "KVCacheFull", "KVState", "KVStateLike", "MetalBackend", "RocmBackend", "UnsupportedOpError", "VulkanBackend",
-    "WebGpuBackend", "WeightSource", "__version__", "backend_names", "get_backend", "list_backends",
+    "KVBatch", "KVCacheFull", "KVState", "KVStateLike", "MetalBackend", "RocmBackend", "UnsupportedOpError",
+    "VulkanBackend", "WebGpuBackend", "WeightSource", "__version__", "backend_names", "get_backend", "list_backends",
     "plan_graph", "select_device", "weight_key",
 ]

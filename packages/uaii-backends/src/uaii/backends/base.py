@@ -88,8 +88,11 @@ class Capabilities:
     ops it deliberately does not run to the reason. ``streams_weights``: ``compile`` takes the
     :data:`STREAMING_COMPILE_OPTIONS`. ``kv_dtypes``: the ``new_state(dtype=)`` values it accepts (empty: it keeps
     no KV state); ``kv_positions``: the ``new_state(positions=)`` values; ``kv_window``: ``new_state(window=,
-    sinks=)`` keeps a resident window. ``device_memory``: bytes of device memory its executables allocate from
-    (0: host RAM, which a Session's budget covers). ``threads``: ``set_threads(n)`` means something.
+    sinks=)`` keeps a resident window. ``batched_kv``: ``run(feeds, KVBatch(states))`` works — one decode row per
+    sequence, row ``i`` of the feeds a new token of ``states[i]``, each row's outputs bit-identical to a run of that
+    state alone (False: the caller runs one sequence per pass, as a Session's decode then does; such a backend's
+    ``run`` refuses a KVBatch). ``device_memory``: bytes of device memory its executables allocate from (0: host
+    RAM, which a Session's budget covers). ``threads``: ``set_threads(n)`` means something.
     ``compile_options``: the keyword options ``compile`` understands beyond the standard and streaming ones (the
     CPU's ``gemm``). ``arena``: who lays out the activation arena of its executables — the identity of its own rule
     and version (``cpu/1``), which :meth:`Backend.plan_arena` computes and a plan made with it carries;
@@ -104,6 +107,7 @@ class Capabilities:
     kv_dtypes: frozenset[str] = frozenset()
     kv_positions: frozenset[str] = frozenset({"absolute"})
     kv_window: bool = False
+    batched_kv: bool = False
     device_memory: int = 0
     threads: bool = False
     compile_options: frozenset[str] = frozenset()
@@ -260,7 +264,8 @@ class KVStateLike(Protocol):
 class Executable(Protocol):
     """A compiled graph. ``run`` takes the feeds (graph inputs that the state does not provide) and returns the
     outputs (graph outputs that the state does not keep) by name; returned arrays are views of the executable's
-    buffers, valid until the next ``run``."""
+    buffers, valid until the next ``run``. ``state``: one sequence's (from ``new_state``), or where
+    :attr:`Capabilities.batched_kv` a :class:`~uaii.backends.kv_book.KVBatch` of several, one feed row each."""
 
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]

@@ -233,4 +233,61 @@ class KVBook:
             self.compactions += 1
 
 
-__all__ = ["KV_DTYPES", "POSITIONS", "KVBook", "KVCacheFull", "KeyRope", "key_ropes", "rope_frequencies"]
+class KVBatch:
+    """The KV states of several sequences run as one batch of decode rows: row ``i`` of the feeds (``tokens[i]``,
+    ``positions[i]``) is one new token of ``rows[i]``. A backend whose :attr:`Capabilities.batched_kv` is True runs
+    ``run(feeds, batch)`` with its GEMMs over all rows at once and each row's attention against its own cache, so a
+    row's result is the one it would get alone; a server decodes every active sequence in one pass this way.
+
+    Why a list holder rather than a tuple per call: a server keeps one batch object and :meth:`set` swaps the rows
+    as sequences join and leave between steps. The caller feeds positions from each row's ``reserve(1)``, as for a
+    single state; :meth:`prepare` and :meth:`advance` are what the executor calls around the run, like a state's."""
+
+    def __init__(self, states: Sequence[KVBook] = ()) -> None:
+        self.rows: list[KVBook] = []
+        self.set(states)
+
+    def set(self, states: Sequence[KVBook]) -> None:
+        """Replace the rows (sequences join or leave between steps). A state may appear once: two rows of one
+        state would write the same slot."""
+        rows = list(states)
+        seen: dict[int, int] = {}
+        for i, row in enumerate(rows):
+            if not isinstance(row, KVBook):
+                raise BackendError(f"[backend] KVBatch row {i}: expected a KV state from an executable's new_state(), "
+                                   f"found {type(row).__name__}")
+            j = seen.setdefault(id(row), i)
+            if j != i:
+                raise BackendError(f"[backend] KVBatch rows {j} and {i} are the same state; a state decodes one "
+                                   "token per pass")
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def prepare(self, n: int) -> None:
+        """Set one new token's position in every row (``row.prepare(1)``); ``n`` is the batch's rows fed by the
+        run. All or nothing: when a row's cache is full, the rows prepared before it are put back as they were
+        (``prepare`` moves no token; only :meth:`advance`, after the run, does) and the error names the row."""
+        if n != len(self.rows) or not self.rows:
+            raise KVCacheFull(f"[kv] a batched run feeds one token per row: the feeds have {n} rows, the KVBatch "
+                              f"holds {len(self.rows)} states")
+        for i, row in enumerate(self.rows):
+            try:
+                row.prepare(1)
+            except KVCacheFull as exc:
+                for done in self.rows[:i]:
+                    done.pos[done.used] = -1
+                    done._positions_changed(done.used, done.used + 1)
+                raise KVCacheFull(f"[kv] KVBatch row {i} of {n} (length {row.length}): {exc}") from exc
+
+    def advance(self, n: int) -> None:
+        """The run wrote one token per row: each row's ``advance(1)``."""
+        for row in self.rows:
+            row.advance(1)
+
+    def __repr__(self) -> str:
+        return f"<KVBatch rows={len(self.rows)} lengths={[row.length for row in self.rows]}>"
+
+
+__all__ = ["KV_DTYPES", "POSITIONS", "KVBatch", "KVBook", "KVCacheFull", "KeyRope", "key_ropes", "rope_frequencies"]

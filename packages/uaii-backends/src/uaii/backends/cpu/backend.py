@@ -62,8 +62,8 @@ class CpuBackend(BackendBase):
                             weight_dtypes=frozenset(d.value for d in DEQUANT_TYPES | PLAIN_TYPES),
                             ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED),
                             streams_weights=True, kv_dtypes=frozenset(KV_DTYPES), kv_positions=frozenset(POSITIONS),
-                            kv_window=True, device_memory=0, threads=True, compile_options=frozenset({"gemm"}),
-                            arena=ARENA_RULE)
+                            kv_window=True, batched_kv=True, device_memory=0, threads=True,
+                            compile_options=frozenset({"gemm"}), arena=ARENA_RULE)
 
     def set_threads(self, n: int | None) -> None:
         """Threads of the kernel pool (None: the usable cores)."""

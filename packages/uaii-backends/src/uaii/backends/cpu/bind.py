@@ -1,5 +1,5 @@
 """What a lowering sees while binding one node: the arrays of its values for the current shapes, prepared weights,
-the KV state, and helpers for scratch buffers and index conversions.
+where the run's KV state will be (:class:`KVSlot`), and helpers for scratch buffers and index conversions.
 
 A *step* is a zero-argument callable that returns a falsy value on success (``None``, or a C kernel's status 0).
 Kernel steps are ``functools.partial`` objects over the cffi functions with every pointer and size resolved, so a
@@ -76,6 +76,38 @@ def from_f32(y: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(y).astype(dtype.numpy, copy=False)
 
 
+class CacheRows:
+    """What a cached-attention step needs of one sequence's :class:`~uaii.backends.cpu.kv.KVState`, resolved once
+    per state (pointers cost a cffi call each): per layer (keys, values, their pointers, kernel KV type: 1 = f16),
+    and pointers to the run's positions and the slots' positions. Holds the state's arrays, never the state, so a
+    cache of these keyed weakly by state lets a finished sequence's memory go."""
+
+    __slots__ = ("layers", "pkpos", "pos", "pqpos", "q_pos")
+
+    def __init__(self, state: KVState) -> None:
+        self.layers = [(k, v, vptr(k), vptr(v), 1 if k.dtype == np.float16 else 0)
+                       for k, v in zip(state.k, state.v, strict=True)]
+        self.q_pos = state.q_pos  # prepare() may replace a too small array: the owner compares before a run
+        self.pqpos = vptr(state.q_pos, "int32_t *")
+        self.pos = state.pos  # the pointers' owners live as long as these
+        self.pkpos = vptr(state.pos, "int32_t *")
+
+
+class KVSlot:
+    """The KV state(s) of the current run: set by the executable before the steps run, read by them at run time.
+
+    Why an indirection: a binding (the steps of one feed shape) must not depend on WHICH sequence it runs with —
+    a server alternates a prefill of one sequence with batched decodes of others, and rebinding per run would cost
+    more than the run. ``batched``: one decode row per state (a KVBatch), else one state takes every row."""
+
+    __slots__ = ("batched", "rows", "states")
+
+    def __init__(self, batched: bool) -> None:
+        self.batched = batched
+        self.states: list[KVState] = []
+        self.rows: list[CacheRows] = []
+
+
 class BindHost(Protocol):
     """What a lowering may ask of the executable it binds for (CpuExecutable is one): the graph, which values are
     weights, prepared weights, the GEMM mode of a product, the layer index of a cached Attention node, per-compile
@@ -107,7 +139,8 @@ class Bind:
     """Binding context for one shape key. ``arrays`` maps every value to its array for these shapes."""
 
     def __init__(self, exe: BindHost, arrays: dict[str, np.ndarray], types: dict[str, VType],
-                 state: KVState | None) -> None:
+                 state: KVSlot | None) -> None:
+        """``state``: where the run's KV state(s) will be (None: the run has none)."""
         self.exe = exe
         self.arrays = arrays
         self.types = types
@@ -182,5 +215,5 @@ def numpy_step(fn: Callable[[], Any]) -> Step:
 
 Lowering = Callable[[Bind, NodeInfo], list[Step]]
 
-__all__ = ["BF16", "NULL", "Bind", "BindHost", "Lowering", "Step", "WeightData", "fptr", "from_f32", "kernel", "lib",
-           "numpy_step", "status_fail", "to_f32", "vptr"]
+__all__ = ["BF16", "NULL", "Bind", "BindHost", "CacheRows", "KVSlot", "Lowering", "Step", "WeightData", "fptr",
+           "from_f32", "kernel", "lib", "numpy_step", "status_fail", "to_f32", "vptr"]

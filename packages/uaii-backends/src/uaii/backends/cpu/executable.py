@@ -8,11 +8,19 @@ arena (laid out by this backend's rule, memory.py, when the planner asked ``CpuB
 checks that it covers its buffers and allocates exactly its size; only a binding larger than the plan's max_tokens
 lays the arena out again, by the same rule. Attention nodes whose caches are graph inputs and
 outputs are bound to a :class:`~uaii.backends.cpu.kv.KVState` instead (see kv.py).
+
+A binding is keyed by the feed shapes and the kind of state (one sequence, or a :class:`~uaii.backends.kv_book.
+KVBatch` of one decode row per sequence), never by which state: its cached-attention steps find the run's state(s)
+through a :class:`~uaii.backends.cpu.bind.KVSlot` that ``run`` fills, so a server that alternates sequences does not
+rebind. Batched, the GEMMs run over all rows at once and each row attends to its own cache with the call a run of
+that row alone makes; as the GEMM kernels promise a row's bits do not depend on the batch, every row's outputs are
+bit-identical to its own run's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +30,7 @@ import numpy as np
 from uaii.backends.analysis import KvLayout, feed_types, kv_layout
 from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
 from uaii.backends.config import GEMM_MODES as CONFIG_GEMM_MODES
-from uaii.backends.cpu.bind import Bind, Step, WeightData, status_fail, to_f32
+from uaii.backends.cpu.bind import Bind, CacheRows, KVSlot, Step, WeightData, status_fail, to_f32
 from uaii.backends.cpu.kv import KVState
 from uaii.backends.cpu.memory import (
     ALIGN,
@@ -38,7 +46,7 @@ from uaii.backends.cpu.ops_extra import EXTRA, expert_banks
 from uaii.backends.cpu.ops_fast import FAST
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.streaming import StreamingWeights
-from uaii.backends.kv_book import KeyRope, key_ropes
+from uaii.backends.kv_book import KeyRope, KVBatch, key_ropes
 from uaii.ir import Graph, Tensor
 from uaii.ir.kvcache import kv_bytes_per_token
 from uaii.ir.ops import UNARY
@@ -46,7 +54,9 @@ from uaii.ir.plan import ArenaLayout
 from uaii.kernels import PackedWeight
 
 GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA}
-MAX_BINDINGS = 8
+MAX_BINDINGS = 16
+"""Bindings kept, least recently used dropped first: a server's decode batches of 1..max_sequences rows stay bound
+while prefills of many prompt lengths come and go (binding SmolLM2 costs ~30 ms, several decode steps)."""
 GEMM_MODES = {name: mode for mode, name in enumerate(CONFIG_GEMM_MODES)}   # in uk_gemm's mode order: 0, 1
 """``fast``: the kernels' fastest path per weight type (int8 dot products on 8-bit quantized activations for block
 types, as llama.cpp), and 16-bit activations for the output projection where the type has them (see
@@ -63,8 +73,8 @@ class Binding:
     names: list[str]  # node of each step, for error messages
     feeds: list[tuple[str, np.ndarray]]
     outputs: dict[str, np.ndarray]
-    state: KVState | None
-    n_new: int  # tokens this run adds to the KV state
+    slot: KVSlot | None  # where the steps find the run's KV state(s); None: bound without one
+    n_new: int  # tokens this run adds to the KV state (batched: one per row)
 
 
 class CpuExecutable:
@@ -97,7 +107,8 @@ class CpuExecutable:
         self._layout: Layout | None = None
         self._planned = arena
         self._arena = np.empty(0, np.uint8)
-        self._bindings: dict[Any, Binding] = {}
+        self._bindings: dict[Any, Binding] = {}  # by (feed shapes, batched): never by which state runs
+        self._state_rows: weakref.WeakKeyDictionary[KVState, CacheRows] = weakref.WeakKeyDictionary()
         self.closed = False
         self._banks = {n for i in infos for n in expert_banks(i, self.weight_names)}  # read by expert: see _Bank
         self.streaming = StreamingWeights(self, weights, streamed, prefetch_order, expert_cache,
@@ -214,13 +225,13 @@ class CpuExecutable:
         return ExecutableMemory(arena_bytes=self.arena_bytes, weight_bytes=distinct_bytes(arrays),
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="host")
 
-    def _bind(self, shapes: dict[str, tuple[int, ...]], state: KVState | None) -> Binding:
+    def _bind(self, shapes: dict[str, tuple[int, ...]], slot: KVSlot | None) -> Binding:
         types = infer_types(self.graph, self.infos, self.feed_types(shapes))
         if self._layout is None or not self._layout.fits(types):
             self._relayout(types)
         assert self._layout is not None
         arrays = self._arrays(types, self._layout)
-        b = Bind(self, arrays, types, state)
+        b = Bind(self, arrays, types, slot)
         steps: list[Step] = []
         names: list[str] = []
         n_new = 0
@@ -247,7 +258,7 @@ class CpuExecutable:
         names = ["(feeds)"] * len(b.prologue) + names
         feeds = [(n, arrays[n]) for n in self.input_names]
         outputs = {n: arrays[n] for n in self.output_names}
-        binding = Binding(steps, names, feeds, outputs, state, n_new)
+        binding = Binding(steps, names, feeds, outputs, slot, n_new)
         binding.keep = b.keep  # type: ignore[attr-defined]  # scratch buffers live as long as the binding
         return binding
 
@@ -272,52 +283,98 @@ class CpuExecutable:
         return arrays
 
     # --- running -------------------------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, np.ndarray], state: KVState | None = None) -> dict[str, np.ndarray]:
-        """Run once. Outputs are views of the executable's buffers, valid until the next run."""
+    def run(self, feeds: Mapping[str, np.ndarray], state: KVState | KVBatch | None = None) -> dict[str, np.ndarray]:
+        """Run once. Outputs are views of the executable's buffers, valid until the next run. ``state``: one
+        sequence's KV state (every row of the feeds is one of its new tokens), or a :class:`KVBatch` (row ``i`` is
+        one new token of ``rows[i]``: GEMMs run over all rows, each row attends to its own cache)."""
         try:
-            key = tuple(np.shape(feeds[n]) for n in self.input_names)
+            shapes = tuple(np.shape(feeds[n]) for n in self.input_names)
         except KeyError as exc:
             raise BackendError(f"[backend] missing input {exc.args[0]!r}; the graph takes "
                                f"{', '.join(self.input_names)}") from None
         if self.kv_dims and state is None:
             raise BackendError("[backend] this graph keeps a KV cache: pass a state from new_state()")
-        binding = self._bindings.get(key)
-        if binding is None or binding.state is not state:
-            if self.closed:
-                raise BackendError("[backend] the executable is closed")
-            if len(self._bindings) >= MAX_BINDINGS:
-                self._bindings.pop(next(iter(self._bindings)))
-            binding = self._bindings[key] = self._bind(dict(zip(self.input_names, key, strict=True)), state)
+        batched = isinstance(state, KVBatch)
+        binding = self._binding(shapes, state is not None, batched)
         for name, dst in binding.feeds:
             np.copyto(dst, feeds[name], casting="unsafe")
         n = binding.n_new
-        if state is not None and n:
-            state.prepare(n)
-        if self.streaming is not None:
-            self.streaming.start()
-        for f in binding.steps:
-            if f():
-                self._fail(binding, f)
-        if state is not None and n:
+        slot = binding.slot if self.kv_dims else None
+        adds = n or batched  # an empty batch is refused by its prepare
+        if state is not None and slot is not None:
+            rows = [self._own_state(row) for row in (state.rows if isinstance(state, KVBatch) else [state])]
+            if adds:
+                state.prepare(n)
+            slot.states = rows
+            slot.rows = [self._cache_rows(row) for row in rows]  # after prepare: it may grow q_pos
+        try:
+            if self.streaming is not None:
+                self.streaming.start()
+            for f in binding.steps:
+                if f():
+                    self._fail(binding, f)
+        finally:
+            if slot is not None:  # hold no state past its run: a released sequence's cache is freed at once
+                slot.states, slot.rows = [], []
+        if state is not None and slot is not None and adds:
             state.advance(n)
         return dict(binding.outputs)
+
+    def _binding(self, shapes: tuple[tuple[int, ...], ...], stateful: bool, batched: bool) -> Binding:
+        """The binding of these feed shapes and state kind (a single state or a KVBatch), bound on first use."""
+        key = (shapes, batched)
+        binding = self._bindings.pop(key, None)
+        if binding is None:
+            if self.closed:
+                raise BackendError("[backend] the executable is closed")
+            if len(self._bindings) >= MAX_BINDINGS:
+                self._bindings.pop(next(iter(self._bindings)))  # the least recently used
+            slot = KVSlot(batched) if stateful else None
+            binding = self._bind(dict(zip(self.input_names, shapes, strict=True)), slot)
+        self._bindings[key] = binding  # most recently used last
+        return binding
+
+    def _own_state(self, state: Any) -> KVState:
+        """``state``, checked before a run touches any state: a KVState whose layers have this graph's dims (one
+        made by another executable is refused unless they match: the steps would read and write past its arrays)."""
+        if not isinstance(state, KVState):
+            raise BackendError(f"[backend] the cpu executable runs with a KVState from its new_state() (or a "
+                               f"KVBatch of them), found {type(state).__name__}")
+        self._cache_rows(state)
+        return state
+
+    def _cache_rows(self, state: KVState) -> CacheRows:
+        """The pointers into ``state`` its attention steps use, made once per state (and again if its positions
+        array was replaced), after checking its layer dims."""
+        rows = self._state_rows.get(state)
+        if rows is not None and rows.q_pos is state.q_pos:
+            return rows
+        if len(state.k) != len(self.kv_dims):
+            raise BackendError(f"[backend] the KV state caches {len(state.k)} layers, graph {self.graph.name!r} "
+                               f"has {len(self.kv_dims)} cached attention layers: a state of another executable")
+        for i, ((h, dk, dv), k, v) in enumerate(zip(self.kv_dims, state.k, state.v, strict=True)):
+            if k.shape[1:] != (h, dk) or v.shape[1:] != (h, dv):
+                raise BackendError(f"[backend] the KV state's layer {i} caches keys {list(k.shape[1:])} and values "
+                                   f"{list(v.shape[1:])} per slot; graph {self.graph.name!r} needs {[h, dk]} and "
+                                   f"{[h, dv]}: a state of another executable")
+        rows = self._state_rows[state] = CacheRows(state)
+        return rows
 
     def _fail(self, binding: Binding, step: Step) -> None:
         i = binding.steps.index(step)
         rc = step()
         raise status_fail(f"node {binding.names[i]!r}", int(rc) if isinstance(rc, int) else -99)
 
-    def steps_for(self, shapes: Mapping[str, tuple[int, ...]], state: KVState | None = None) -> int:
+    def steps_for(self, shapes: Mapping[str, tuple[int, ...]], state: KVState | KVBatch | None = None) -> int:
         """How many steps a run with these feed shapes executes (views cost none)."""
         key = tuple(tuple(shapes[n]) for n in self.input_names)
-        if key not in self._bindings:
-            self._bindings[key] = self._bind({n: tuple(shapes[n]) for n in self.input_names}, state)
-        return len(self._bindings[key].steps)
+        return len(self._binding(key, state is not None, isinstance(state, KVBatch)).steps)
 
     def close(self) -> None:
         if self.streaming is not None:
             self.streaming.close()
         self._bindings.clear()
+        self._state_rows.clear()
         self._cache.clear()
         for name, w in self._weights.items():
             t = self.graph.tensor(name)

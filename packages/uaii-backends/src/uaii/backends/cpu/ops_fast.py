@@ -3,7 +3,7 @@
 Each lowering checks that the node fits the kernel (float32 activations, contiguous buffers, weight types the GEMM
 keeps packed) and otherwise returns None so that the numpy lowering of the same op takes over. Kernels get raw
 pointers resolved at bind time; the one step that reads state at run time is the cached Attention (the cache length
-moves every step).
+moves every step, and which sequence's cache it is — or which several, one per row — is set by each run).
 """
 
 from __future__ import annotations
@@ -272,22 +272,42 @@ def _concat_into(dst: np.ndarray, past: np.ndarray, new: np.ndarray) -> None:
 
 def _cached_attention(b: Bind, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, y: np.ndarray,
                       scale: float, window: int, sinks: int, softcap: float) -> Step:
-    st = b.state
-    assert st is not None
-    kc, vc = st.k[layer], st.v[layer]
+    """Write the new keys and values at the state's ``used`` slot and attend over its cache. The state is read
+    from the binding's :class:`~uaii.backends.cpu.bind.KVSlot` when the step runs (any state of this executable's
+    layer dims; the executable checked it). Batched (a KVBatch): row ``i`` of q/k/v is one token of
+    ``states[i]``, attended with t=1 against that row's cache only — the very call a run of that row alone makes,
+    so its bits are the same."""
+    slot = b.state
+    assert slot is not None
     t, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]
-    kss, ksh = _strides(kc)
-    vss, vsh = _strides(vc)
-    kvt = 1 if kc.dtype == np.float16 else 0
-    att, pq, py, pkc, pvc = lib.uk_attention, fptr(q), fptr(y), vptr(kc), vptr(vc)
-    pqpos, pkpos = vptr(st.q_pos, "int32_t *"), vptr(st.pos, "int32_t *")
+    kss, ksh, vss, vsh = hkv * d, d, hkv * dv, dv  # the cache arrays are C-contiguous [capacity, hkv, d]
+    att, pq, py = lib.uk_attention, fptr(q), fptr(y)
+    if slot.batched:
+        pqs = [pq + i * hq * d for i in range(t)]
+        pys = [py + i * hq * dv for i in range(t)]
+
+        def rows_step() -> int:
+            for i, (st, r) in enumerate(zip(slot.states, slot.rows, strict=True)):
+                kc, vc, pkc, pvc, kvt = r.layers[layer]
+                u = st.used
+                kc[u] = k[i]
+                vc[u] = v[i]
+                rc = att(pqs[i], pkc, pvc, pys[i], 1, u + 1, hq, hkv, d, dv, kss, ksh, vss, vsh, r.pqpos, r.pkpos,
+                         scale, window, sinks, softcap, NULL, kvt)
+                if rc:
+                    return int(rc)
+            return 0
+
+        return rows_step
 
     def step() -> int:
+        st, r = slot.states[0], slot.rows[0]
+        kc, vc, pkc, pvc, kvt = r.layers[layer]
         u = st.used
         kc[u:u + t] = k
         vc[u:u + t] = v
-        return att(pq, pkc, pvc, py, t, u + t, hq, hkv, d, dv, kss, ksh, vss, vsh, pqpos, pkpos, scale, window,
+        return att(pq, pkc, pvc, py, t, u + t, hq, hkv, d, dv, kss, ksh, vss, vsh, r.pqpos, r.pkpos, scale, window,
                    sinks, softcap, NULL, kvt)
 
     return step

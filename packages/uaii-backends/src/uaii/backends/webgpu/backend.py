@@ -60,7 +60,7 @@ class WebGpuBackend(BackendBase):
         return Capabilities(activation_dtypes=frozenset({"f32", "f16", "bf16", "i32", "i64"}),
                             weight_dtypes=WEIGHT_DTYPES, ops=frozenset(LOWERINGS), streams_weights=True,
                             kv_dtypes=KV_DTYPES, kv_positions=frozenset({"absolute", "cache"}), kv_window=True,
-                            device_memory=self.device_memory(), arena=ARENA_RULE)
+                            batched_kv=False, device_memory=self.device_memory(), arena=ARENA_RULE)
 
     def device_memory(self) -> int:
         """Bytes of memory of the adapter this backend runs on (0: none it may use)."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from uaii.backends.analysis import KvLayout, NodeInfo, VType, feed_types, infer_types, kv_layout
 from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
+from uaii.backends.kv_book import KVBatch
 from uaii.backends.webgpu.arena import VIEW_OPS, lay_out, uncovered
 from uaii.backends.webgpu.device import GpuDevice
 from uaii.backends.webgpu.lower import GpuWeight, Lower, Shard
@@ -357,9 +358,14 @@ class WebGpuExecutable:
 
     # --- running -------------------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], state: Any = None) -> dict[str, np.ndarray]:
-        """Run once: write the feeds, submit the program, read the outputs back."""
+        """Run once: write the feeds, submit the program, read the outputs back. One sequence per pass: a
+        :class:`KVBatch` is refused (``Capabilities.batched_kv`` is False; its attention reads one state's cache)."""
         if self.closed:
             raise BackendError("[backend] the executable is closed")
+        if isinstance(state, KVBatch):
+            raise BackendError(f"[backend] the webgpu backend runs one sequence per pass (Capabilities.batched_kv is "
+                               f"False); found a KVBatch of {len(state)} states: run each sequence with its own "
+                               "state")
         try:
             key = tuple(np.shape(feeds[n]) for n in self.input_names)
         except KeyError as exc:
