@@ -15,6 +15,7 @@ from importlib.metadata import version as _version
 
 from uaii.tokenizers.chat import render as render_chat_template
 from uaii.tokenizers.errors import ChatTemplateError, TokenizerError, TokenizerFormatError
+from uaii.tokenizers.fim import FimTokens
 from uaii.tokenizers.hf import HFTokenizer
 from uaii.tokenizers.loader import ENTRY_POINT_GROUP, TokenizerFormat, formats, from_gguf_metadata, load
 from uaii.tokenizers.pieces import PieceTokenizer
@@ -28,6 +29,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PRE_TOKENIZERS",
     "ChatTemplateError",
+    "FimTokens",
     "HFTokenizer",
     "PieceTokenizer",
     "StreamDecoder",

@@ -22,6 +22,7 @@ import numpy as np
 
 from uaii.tokenizers.bpe import BpeEncoder
 from uaii.tokenizers.errors import TokenizerError, TokenizerFormatError
+from uaii.tokenizers.fim import metadata_ids
 from uaii.tokenizers.gguf_meta import read_metadata
 from uaii.tokenizers.pieces import CONTROL, NORMAL, UNKNOWN, FragmentEncoder, PieceTokenizer
 from uaii.tokenizers.pretokenizers import pre_tokenizer
@@ -121,6 +122,7 @@ def _set_specials(tok: PieceTokenizer, meta: dict[str, Any], path: str, model: s
     tok.bos_id, tok.eos_id = special("bos", bos), special("eos", eos)
     tok.unk_id, tok.sep_id, tok.pad_id = special("unknown", unk), special("seperator", sep), special("padding", pad)
     tok.eot_id = special("eot", None)
+    tok._fim_meta = metadata_ids(meta, n)
     tok.add_bos = bool(_get(meta, _K + "add_bos_token", bool, path, default_bos))
     tok.add_eos = bool(_get(meta, _K + "add_eos_token", bool, path, False))
     if model == "bert":

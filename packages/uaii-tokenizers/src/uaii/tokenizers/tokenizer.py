@@ -8,6 +8,7 @@ from typing import Any
 
 from uaii.tokenizers import chat
 from uaii.tokenizers.errors import ChatTemplateError, TokenizerError
+from uaii.tokenizers.fim import FimTokens, vocabulary_ids
 from uaii.tokenizers.stream import StreamDecoder
 from uaii.tokenizers.text import check_text
 
@@ -44,6 +45,7 @@ class Tokenizer(ABC):
     chat_template_source: str | None = None
     cleans_up_spaces: bool = False          # decode removes spaces before punctuation (the stream holds them back)
     _stop_ids: frozenset[int] = frozenset()
+    _fim_meta: FimTokens | None = None      # the FIM ids the model file names (GGUF metadata), see fim_tokens()
 
     # ----------------------------------------------------------------------------------------- implemented per kind
     @property
@@ -102,6 +104,11 @@ class Tokenizer(ABC):
                     break
         self._stop_ids = frozenset(
             {i for i in (self.eos_id, self.eot_id) if i is not None} | set(found.values()))
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle ids (prefix, suffix, middle) of this vocabulary, or None when it has none: the ones
+        the model file names, else a known family of FIM pieces (see :mod:`uaii.tokenizers.fim`)."""
+        return self._fim_meta if self._fim_meta is not None else vocabulary_ids(self.token_to_id)
 
     def stream(self, *, skip_special: bool = True) -> StreamDecoder:
         """A decoder for generated ids: `step(id)` returns text as soon as it is complete UTF-8."""
