@@ -24,7 +24,10 @@ _EXPORTS = {
     "SessionOptions": "options",
     "GenerationResult": "results", "GenerationStats": "results", "ModelInfo": "results", "SessionState": "results",
     "peak_rss_bytes": "results",
-    "Session": "session",
+    "Session": "session", "Sequence": "sequences",
+    # the continuous-batching engine behind `uaii serve` (no web framework imported)
+    "Engine": "engine", "EngineError": "engine", "Event": "engine", "GenRequest": "engine", "Handle": "engine",
+    "Usage": "engine",
     # sampling and memory presets (the `uaii` CLI is uaii.runtime.cli)
     "PRESET_NAMES": "presets", "Preset": "presets", "PresetError": "presets", "get_preset": "presets",
     "parse_bytes": "presets",
@@ -50,17 +53,19 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from uaii.runtime.engine import Engine, EngineError, Event, GenRequest, Handle, Usage
     from uaii.runtime.errors import SessionError
     from uaii.runtime.model import ModelBundle, ir_bundle, weight_container
     from uaii.runtime.options import SessionOptions
     from uaii.runtime.presets import PRESET_NAMES, Preset, PresetError, get_preset, parse_bytes
     from uaii.runtime.results import GenerationResult, GenerationStats, ModelInfo, SessionState, peak_rss_bytes
     from uaii.runtime.sampling import Sampler, SamplingError, SamplingParams
+    from uaii.runtime.sequences import Sequence
     from uaii.runtime.session import Session
 
     __version__: str
 
-__all__ = ["PRESET_NAMES", "GenerationResult", "GenerationStats", "ModelBundle", "ModelInfo", "Preset",
-           "PresetError", "Sampler", "SamplingError", "SamplingParams", "Session", "SessionError", "SessionOptions",
-           "SessionState", "__version__", "get_preset", "ir_bundle", "parse_bytes", "peak_rss_bytes",
-           "weight_container"]
+__all__ = ["PRESET_NAMES", "Engine", "EngineError", "Event", "GenRequest", "GenerationResult", "GenerationStats",
+           "Handle", "ModelBundle", "ModelInfo", "Preset", "PresetError", "Sampler", "SamplingError", "SamplingParams",
+           "Sequence", "Session", "SessionError", "SessionOptions", "SessionState", "Usage", "__version__",
+           "get_preset", "ir_bundle", "parse_bytes", "peak_rss_bytes", "weight_container"]

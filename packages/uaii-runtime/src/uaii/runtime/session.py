@@ -42,6 +42,7 @@ from uaii.runtime.options import SessionOptions
 from uaii.runtime.planning import kv_slots, replan, session_plan
 from uaii.runtime.results import GenerationResult, GenerationStats, ModelInfo, SessionState, peak_rss_bytes
 from uaii.runtime.rewrite import last_token_logits
+from uaii.runtime.sequences import SequencesMixin
 
 if TYPE_CHECKING:
     from uaii.backends.base import Backend, Executable, KVStateLike
@@ -50,8 +51,10 @@ log = logging.getLogger("uaii.runtime")
 OnPrefill = Callable[[int, int], object]
 
 
-class Session:
-    """A model ready to run. See the module docstring; options are :class:`SessionOptions` fields."""
+class Session(SequencesMixin):
+    """A model ready to run. See the module docstring; options are :class:`SessionOptions` fields. Besides its own
+    conversation, a session runs any number of independent sequences (:class:`~uaii.runtime.sequences.SequencesMixin`:
+    ``new_sequence``, ``prefill``, ``decode``, ``release``)."""
 
     def __init__(self, path: str | Any, **options: Any) -> None:
         self._guard = SessionGuard(self._free)
@@ -68,6 +71,7 @@ class Session:
         self._device_kw: dict[str, Any] = {}  # W4: the streaming compile options with the device's streamed list
         self._kv: KVStateLike | None = None
         self._full: Executable | None = None  # functional executable for run() on a decoder graph
+        self._init_sequences()  # several sequences and batched decode (uaii.runtime.sequences)
         self._history: list[int] = []  # tokens whose keys and values the cache holds
         # the last prompt's length and the logits its prefill ended with: a repeated prompt reuses them as they
         # are, where re-feeding its last token (the decode path) would give logits that differ in the last bits
@@ -143,10 +147,10 @@ class Session:
 
     def _unbuild(self) -> None:
         """Give back what :meth:`_build` made (before building for another plan)."""
-        for obj in (self._exe, self._store):
+        for obj in (self._exe, self._batch_exe, self._store):
             if obj is not None:
                 obj.close()
-        self._exe = self._store = self._kv = None
+        self._exe = self._batch_exe = self._store = self._kv = None
         self._stream_kw = {}
 
     @property
@@ -181,15 +185,17 @@ class Session:
         """Whether some weights stream under the budget (False: memory-mapped, or every weight pinned)."""
         return bool(self._stream_kw.get("streamed"))
 
-    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One forward pass of the decoder; a streaming store counts it as one token of telemetry."""
-        exe = self._exe
+    def _run(self, feeds: Mapping[str, np.ndarray], state: Any, exe: Executable | None = None) -> dict[str, np.ndarray]:
+        """One forward pass of the decoder on ``state`` (the session's KV state, a sequence's, or a KVBatch of
+        them) with ``exe`` (default: the session's executable); a streaming store counts it as one token of
+        telemetry."""
+        exe = exe if exe is not None else self._exe
         assert exe is not None  # the guard lets no pass start on a closed session
         if not self._stream_kw:
-            return exe.run(feeds, self._kv)
+            return exe.run(feeds, state)
         self._store.begin_token()
         try:
-            return exe.run(feeds, self._kv)
+            return exe.run(feeds, state)
         finally:
             self._store.end_token()
 
@@ -229,10 +235,13 @@ class Session:
 
     def _free(self) -> None:
         """Called once, by the guard (see SessionGuard._close_now)."""
-        for obj in (self._exe, self._full, self._store):
+        self._close_sequences()
+        if self._embedder is not None:  # the hidden-state executable of embed() (uaii.runtime.embedding)
+            self._embedder.close()
+        for obj in (self._exe, self._full, self._batch_exe, self._store):
             if obj is not None:
                 obj.close()
-        self._exe = self._full = self._store = self._kv = None
+        self._exe = self._full = self._batch_exe = self._store = self._kv = None
         self.state = SessionState.CLOSED
 
     def __enter__(self) -> Session:
@@ -252,6 +261,16 @@ class Session:
                 self._kv.reset()
             self._history = []
             self._prompt_logits = None
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The token ids that end a generation (end of sequence, end of turn), from the model and its tokenizer."""
+        return self._bundle.stop_ids
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Tokens per prefill pass (``max_batch``, at most the window): a longer prompt runs in chunks of this many."""
+        return self._chunk
 
     @property
     def kv_length(self) -> int:
@@ -278,10 +297,7 @@ class Session:
         if not ids:
             raise SessionError("[runtime] nothing to run: the token list is empty")
         self.bounds.check(len(ids), len(self._history))
-        lo, hi = min(ids), max(ids)
-        vocab = self._vocab()
-        if lo < 0 or hi >= vocab:  # checked before any pass: a bad id runs nothing
-            raise SessionError(f"[runtime] token ids must be in [0, {vocab}), found {lo}..{hi}")
+        self._check_ids(ids)
         step, total = self._chunk, len(ids)
         progress = on_prefill if on_prefill is not None and total > step else None
         if progress is not None:
@@ -305,7 +321,7 @@ class Session:
             tokens[:] = ids
             first = self._next_position(n)
             positions[:] = np.arange(first, first + n)
-            out = self._run({"tokens": tokens, "positions": positions})
+            out = self._run({"tokens": tokens, "positions": positions}, self._kv)
             self._history.extend(ids)
         except BaseException:
             self._resync()
@@ -318,7 +334,7 @@ class Session:
         try:
             self._tokens[0] = token
             self._positions[0] = self._next_position(1)
-            out = self._run(self._decode_feeds)
+            out = self._run(self._decode_feeds, self._kv)
             self._history.append(token)
         except BaseException:
             self._resync()
@@ -343,14 +359,22 @@ class Session:
         if self._prompt_logits is not None and self._prompt_logits[0] > len(self._history):
             self._prompt_logits = None  # the tokens those logits came from are gone from the cache
 
-    def _next_position(self, n: int) -> int:
-        """The rotary position of the first of the next ``n`` tokens. With kv_positions="cache" it is a cache slot,
-        known only once the state has made room for them (see KVState.reserve)."""
-        kv = self._kv
+    def _next_position(self, n: int, kv: KVStateLike | None = None) -> int:
+        """The rotary position of the first of the next ``n`` tokens of ``kv`` (default: the session's state). With
+        kv_positions="cache" it is a cache slot, known only once the state has made room for them (see
+        KVState.reserve)."""
+        kv = kv if kv is not None else self._kv
         assert kv is not None  # only generative sessions run passes
         if self.options.kv_positions == "absolute":
             return int(kv.length)
         return int(kv.reserve(n))
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        """Checked before any pass: a bad id runs nothing."""
+        lo, hi = min(ids), max(ids)
+        vocab = self._vocab()
+        if lo < 0 or hi >= vocab:
+            raise SessionError(f"[runtime] token ids must be in [0, {vocab}), found {lo}..{hi}")
 
     def _vocab(self) -> int:
         return int(self.graph.tensor("logits").shape[-1])
@@ -382,6 +406,16 @@ class Session:
                 raise SessionError(f"[runtime] missing input(s) {', '.join(missing)}; the graph takes "
                                    f"{', '.join(exe.input_names)}")
             return {k: np.array(v) for k, v in exe.run(feeds).items()}
+
+    _embedder: Any = None  # uaii.runtime.embedding.Embedder, made by the first embed()
+
+    def embed(self, inputs: str | Sequence[Any]) -> np.ndarray:
+        """Unit-norm embeddings ``[n, d]`` (float32) of a text, texts, or token-id lists: an encoder's pooled
+        output, a decoder LM's mean final hidden state (:mod:`uaii.runtime.embedding`). The conversation cache and
+        the sequences are left as they are."""
+        from uaii.runtime.embedding import embed
+
+        return embed(self, inputs)
 
     # --- generation ----------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, sampling: Any = None,

@@ -1,0 +1,284 @@
+"""One sequence of a Session among several: its own KV state and the tokens that state holds.
+
+A Session has its own conversation (``generate``/``stream``/``chat`` and their cache); a server needs many at once.
+:meth:`Session.new_sequence <uaii.runtime.session.Session.new_sequence>` gives a :class:`Sequence` with a KV state of
+its own from the session's executable (same window, sinks, dtype and positions as the session's), which
+``Session.prefill`` and ``Session.decode`` extend. The weights, the compiled steps and the arena are shared; what
+a sequence costs is its KV state (committed page by page as it fills). ``Session.release`` drops the state at
+once; a released sequence is refused by every call.
+
+The invariant is the session's: ``tokens`` and the state agree (a pass and its bookkeeping happen together or not at
+all, and the session rewinds the state to ``tokens`` when a pass fails half-way).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from uaii.runtime.capabilities import compile_options
+from uaii.runtime.errors import SessionError
+
+if TYPE_CHECKING:
+    from uaii.backends.base import Executable
+
+_ids = itertools.count(1)
+BATCH_ROWS = 8  # rows the batched executable's arena is first laid out for (it grows when a batch is larger)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A sequence's KV state and its tokens (made by ``Session.new_sequence``; use through the session only).
+
+    ``id`` names it in errors; ``owner`` is the session that made it (a sequence runs on no other); ``state`` is
+    None once released (``closed``)."""
+
+    owner: Any = field(repr=False)
+    state: Any = field(repr=False)
+    tokens: list[int] = field(default_factory=list)
+    id: int = field(default_factory=lambda: next(_ids))
+    closed: bool = False
+
+    @property
+    def length(self) -> int:
+        """Tokens the sequence's KV state holds (the absolute position of its next token)."""
+        return len(self.tokens)
+
+    @property
+    def name(self) -> str:
+        return f"sequence {self.id}"
+
+    def __repr__(self) -> str:
+        status = "closed" if self.closed else f"{self.length} tokens"
+        return f"<Sequence {self.id}: {status}>"
+
+
+class SequencesMixin:
+    """The Session's methods for several sequences (see the module docstring). Mixed into
+    :class:`~uaii.runtime.session.Session`, whose guard, executables, bounds and helpers it uses; each public call
+    holds the session's guard, as ``forward`` does, so the engine's worker and other callers take turns."""
+
+    _batch_exe: Executable | None
+    _kv_batch: Any
+    _sequences: weakref.WeakSet[Sequence]
+    _btokens: np.ndarray
+    _bpositions: np.ndarray
+    if TYPE_CHECKING:  # provided by Session
+        _guard: Any
+        _exe: Executable | None
+        _store: Any
+        _device_kw: dict[str, Any]
+        _bundle: Any
+        _tokens: np.ndarray
+        _positions: np.ndarray
+        _chunk: int
+        backend: Any
+        options: Any
+        bounds: Any
+
+        def _generative(self, what: str) -> None: ...
+        def _new_kv_state(self, exe: Executable) -> Any: ...
+        def _check_ids(self, ids: Any) -> None: ...
+        def _vocab(self) -> int: ...
+        def _next_position(self, n: int, kv: Any = None) -> int: ...
+        def _run(self, feeds: Any, state: Any, exe: Executable | None = None) -> dict[str, np.ndarray]: ...
+
+    def _init_sequences(self) -> None:
+        self._batch_exe = None  # compiled on the first batched decode (the graph without the last-row rewrite)
+        self._kv_batch = None
+        self._sequences = weakref.WeakSet()  # the open ones: closing the session releases them
+        self._btokens = np.zeros(BATCH_ROWS, np.int64)
+        self._bpositions = np.zeros(BATCH_ROWS, np.int64)
+
+    @property
+    def batched_decode(self) -> bool:
+        """Whether :meth:`decode` of several sequences is one forward pass over all of them (the backend declares
+        ``capabilities.batched_kv``) rather than one pass per sequence."""
+        backend = self.backend
+        return bool(getattr(backend.capabilities, "batched_kv", False)) if backend is not None else False
+
+    @property
+    def open_sequences(self) -> int:
+        """Sequences made by :meth:`new_sequence` and not released (each holds a KV state)."""
+        return sum(1 for s in list(self._sequences) if not s.closed)
+
+    def new_sequence(self) -> Sequence:
+        """A new, empty sequence with its own KV state (same options as the session's own: window, sinks, dtype,
+        positions). Its memory is the state's, committed as it fills; :meth:`release` gives it back."""
+        with self._guard.hold("make a sequence"):
+            self._generative("make a sequence")
+            assert self._exe is not None
+            seq = Sequence(self, self._new_kv_state(self._exe))
+            self._sequences.add(seq)
+            return seq
+
+    def release(self, seq: Sequence) -> None:
+        """Drop the sequence's KV state now (idempotent); the sequence is refused by every call afterwards. Safe
+        from any thread without waiting: a pass in flight on it finishes on the state it started with, which is
+        freed when that pass ends."""
+        self._own(seq)
+        seq.closed = True
+        seq.state = None
+
+    def prefill(self, seq: Sequence, ids: Iterable[int],
+                on_prefill: Callable[[int, int], object] | None = None) -> np.ndarray:
+        """Append ``ids`` to ``seq`` (in chunks of ``prefill_chunk`` tokens) and return the last token's logits
+        (float32, a copy). Bounds and ids are checked before anything runs; each chunk is all-or-nothing (a
+        failed one leaves the sequence as it was before that chunk). ``on_prefill(done, total)`` as in generate."""
+        ids = [int(t) for t in ids]
+        with self._guard.hold("prefill"):
+            self._open(seq, "prefill")
+            if not ids:
+                raise SessionError(f"[runtime] nothing to prefill on {seq.name}: the token list is empty")
+            self.bounds.check(len(ids), seq.length)
+            self._check_ids(ids)
+            step, total = self._chunk, len(ids)
+            progress = on_prefill if on_prefill is not None and total > step else None
+            if progress is not None:
+                progress(0, total)
+            logits = None
+            for start in range(0, total, step):
+                logits = self._seq_pass(seq, ids[start:start + step])
+                if progress is not None:
+                    progress(min(start + step, total), total)
+            assert logits is not None
+            return np.array(logits[-1], dtype=np.float32)
+
+    def decode(self, seqs: Iterable[Sequence], tokens: Iterable[int]) -> np.ndarray:
+        """Feed one token to each sequence; return their next-token logits, float32 ``[len(seqs), vocab]`` (a copy).
+
+        One forward pass over all of them when :attr:`batched_decode` (the backend runs a KVBatch: each row's
+        result is bit-identical to a pass of that row alone), else one pass per sequence. All or nothing: on an
+        error every sequence is as it was before the call. A sequence at its context limit is refused (naming
+        it) before anything runs."""
+        seqs, toks = list(seqs), [int(t) for t in tokens]
+        if len(seqs) != len(toks) or not seqs:
+            raise SessionError(f"[runtime] decode takes one token per sequence: found {len(seqs)} sequence(s) and "
+                               f"{len(toks)} token(s)")
+        if len({id(s) for s in seqs}) != len(seqs):
+            raise SessionError("[runtime] decode: a sequence appears twice in one call (one token per sequence)")
+        with self._guard.hold("decode"):
+            for s in seqs:
+                self._open(s, "decode")
+                if not self.bounds.fits(1, s.length):
+                    raise SessionError(f"[runtime] {s.name} is full: it holds {s.length} tokens, the context is "
+                                       f"{self.bounds.context} ({self.bounds.name}); release it or start another")
+            self._check_ids(toks)
+            if self.batched_decode and len(seqs) > 1:
+                return self._batch_pass(seqs, toks)
+            lengths = [s.length for s in seqs]
+            out = np.empty((len(seqs), self._vocab()), np.float32)
+            try:
+                for i, (s, t) in enumerate(zip(seqs, toks, strict=True)):
+                    out[i] = self._seq_pass(s, [t])[-1]
+            except BaseException:
+                for s, n in zip(seqs, lengths, strict=True):
+                    self._rewind(s, n)
+                raise
+            return out
+
+    # --- internals --------------------------------------------------------------------------------------------
+    def _own(self, seq: Sequence) -> None:
+        if not isinstance(seq, Sequence) or seq.owner is not self:
+            raise SessionError(f"[runtime] {seq!r} is not a sequence of this session (make one with "
+                               "new_sequence())")
+
+    def _open(self, seq: Sequence, what: str) -> None:
+        """The checks before a pass on ``seq``; its state is made to agree with its tokens (see _seq_resync)."""
+        self._generative(what)
+        self._own(seq)
+        if seq.closed or seq.state is None:
+            raise SessionError(f"[runtime] cannot {what}: {seq.name} was released")
+        self._seq_resync(seq)
+
+    def _seq_pass(self, seq: Sequence, ids: list[int]) -> np.ndarray:
+        """One forward pass of ``ids`` (at most one chunk) on ``seq``'s state; the logits (a view). All or nothing,
+        as Session._pass."""
+        self._guard.check_open()
+        n = len(ids)
+        tokens, positions = self._tokens[:n], self._positions[:n]
+        state = seq.state  # once: release() from another thread does not pull it from under the pass
+        try:
+            tokens[:] = ids
+            first = self._next_position(n, state)
+            positions[:] = np.arange(first, first + n)
+            out = self._run({"tokens": tokens, "positions": positions}, state)
+            seq.tokens.extend(ids)
+        except BaseException:
+            self._seq_resync(seq)
+            raise
+        return out["logits"]
+
+    def _batch_pass(self, seqs: list[Sequence], toks: list[int]) -> np.ndarray:
+        """One forward pass of one token per sequence over a KVBatch of their states (all rows' logits)."""
+        exe = self._batched_executable(len(seqs))
+        n = len(seqs)
+        if self._btokens.shape[0] < n:
+            self._btokens, self._bpositions = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        tokens, positions = self._btokens[:n], self._bpositions[:n]
+        lengths = [s.length for s in seqs]
+        batch = self._kv_batch
+        self._guard.check_open()
+        try:
+            batch.set([s.state for s in seqs])
+            tokens[:] = toks
+            for i, s in enumerate(seqs):
+                positions[i] = self._next_position(1, s.state)
+            logits = np.array(self._run({"tokens": tokens, "positions": positions}, batch, exe)["logits"],
+                              dtype=np.float32)
+            for s, t in zip(seqs, toks, strict=True):
+                s.tokens.append(t)
+        except BaseException:
+            for s, m in zip(seqs, lengths, strict=True):
+                self._rewind(s, m)
+            raise
+        finally:
+            batch.set(())  # the batch holds no state between calls: a released sequence's memory goes at once
+        return logits
+
+    def _batched_executable(self, rows: int) -> Executable:
+        """The executable of batched decode: the decoder graph without the last-row rewrite (every row's logits),
+        compiled on first use with the session's store and streaming options and a KV state bound."""
+        if self._batch_exe is None:
+            from uaii.backends.kv_book import KVBatch
+
+            caps = self.backend.capabilities
+            self._batch_exe = self.backend.compile(
+                self._bundle.graph, None, self._store,
+                **compile_options(caps, self.options, self._device_kw, max_tokens=max(rows, BATCH_ROWS)))
+            self._kv_batch = KVBatch()
+        return self._batch_exe
+
+    def _seq_resync(self, seq: Sequence) -> None:
+        """``seq``'s state and tokens agree again after a pass that did not finish (Session._resync's rule)."""
+        kv = seq.state
+        if kv is None:
+            return
+        n = len(seq.tokens)
+        if kv.length > n:
+            try:
+                kv.truncate(n)
+            except Exception:  # a window that dropped those tokens cannot rewind: both start over
+                kv.reset()
+        if kv.length < n:
+            del seq.tokens[kv.length:]
+
+    def _rewind(self, seq: Sequence, n: int) -> None:
+        """Back to its first ``n`` tokens (undoing a call's pass on it)."""
+        if seq.state is not None and seq.length > n:
+            del seq.tokens[n:]
+        self._seq_resync(seq)
+
+    def _close_sequences(self) -> None:
+        """The session closes: every sequence is released."""
+        for seq in list(self._sequences):
+            seq.closed, seq.state = True, None
+        self._kv_batch = None
+
+
+__all__ = ["Sequence", "SequencesMixin"]
