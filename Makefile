@@ -23,7 +23,7 @@ PYTEST_FLAGS ?= -q
 # test-<pkg> and isolation-<pkg> are pattern rules, so they are not listed: make never looks for an implicit rule
 # for a .PHONY target (`make test-ir` did nothing while they were). No file of those names exists.
 .PHONY: help uv setup demo-env demo capi test lint typecheck pytest isolation gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage bench-kv bench-accuracy bench-gpu clean
+        bench-generate bench-storage bench-kv bench-accuracy bench-gpu bench-serve clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -105,6 +105,9 @@ bench-accuracy: setup ## KL of the default GEMM from the exact one vs llama.cpp'
 
 bench-gpu: setup ## WebGPU on whatever adapter exists: GEMV GB/s per type vs its copy bandwidth, tok/s vs the CPU (GPU_ARGS=--quick)
 	$(PY) bench/bench_gpu.py $(GPU_ARGS)
+
+bench-serve: setup ## uaii serve on SmolLM2: aggregate decode tok/s of 4 concurrent streaming clients vs 1 (goal >= 2.5x)
+	$(PY) bench/bench_serve.py $(SERVE_ARGS)
 
 bench: bench-kernels bench-generate ## all benchmarks
 

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from uaii.ir import UaiiError
 
-from . import bench, chat, generate, model, system, verify
+from . import bench, chat, generate, model, serve, system, verify
 from .context import CliError, Context, SessionFactory, check_text
 
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 130, 141
@@ -33,7 +33,7 @@ TEXT_ARGUMENTS = {"prompt": "the prompt (-p)", "system": "the system message (--
 # (module, function that adds its subcommands) in the order `uaii --help` lists them
 _COMMANDS: tuple[Callable[[Any], None], ...] = (
     generate.add_parsers, chat.add_parsers, model.add_parsers, bench.add_parsers, system.add_parsers,
-    verify.add_parsers,
+    verify.add_parsers, serve.add_parsers,
 )
 
 

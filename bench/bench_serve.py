@@ -1,0 +1,130 @@
+"""Serving benchmark: aggregate decode tok/s of `uaii serve` with 1 streaming client vs 4 concurrent ones.
+
+Starts ``uaii serve`` on SmolLM2-135M (Q4_1; its own process, 127.0.0.1, a free port), warms it up, then streams
+greedy completions of a fixed length (``ignore_eos``: every client decodes exactly ``--tokens`` tokens):
+
+* 1 client alone: decode tok/s = (tokens - 1) / (time of its last token - time of its first token);
+* 4 clients at once (continuous batching: their next tokens share one forward pass): aggregate decode tok/s =
+  the tokens after each client's first / (the last client's last token - the first client's first token).
+
+It prints both and their ratio (the goal is >= 2.5: batching turns 4 GEMVs into one GEMM over 4 rows).
+
+    uv run --no-sync python bench/bench_serve.py                 # 64 tokens per client, 4 clients
+    uv run --no-sync python bench/bench_serve.py --tokens 128 --clients 8 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from bench_models import model_path
+
+GOAL = 2.5
+PROMPTS = ["Once upon a time, in a small village,", "The history of the printing press", "Write a poem about the sea.",
+           "def quicksort(items):", "The three laws of motion are", "A recipe for bread:",
+           "In the year 2050, cities", "The best way to learn a language"]
+
+
+def start_server(model: Path, extra: list[str]) -> tuple[subprocess.Popen[str], str, Any]:
+    """``uaii serve`` in a subprocess; returns it, its base URL and its stderr file, once /health answers."""
+    err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (main closes it once the server stopped)
+    cmd = [sys.executable, "-m", "uaii.runtime.cli", "--no-color", "serve", str(model), "--port", "0", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the first line of the banner names the URL
+    found = re.search(r"(http://\S+?)/? ", line)
+    if found is None:
+        proc.wait(timeout=30)
+        err.seek(0)
+        raise SystemExit(f"uaii serve did not start: {line!r} {err.read()[-2000:]}")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain the rest of the banner
+    url = found.group(1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url, err
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit("uaii serve did not answer /health within 60 s")
+
+
+def stream_client(url: str, prompt: str, tokens: int, start: threading.Barrier | None,
+                  out: list[Any], index: int) -> None:
+    """Stream one greedy completion; records (token count, time of the first token, time of the last)."""
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "logprobs": 0}
+    if start is not None:
+        start.wait()
+    times: list[float] = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"]
+                if choice and choice[0]["logprobs"]:  # one chunk per token (logprobs=0: no text held back)
+                    times.extend([time.perf_counter()] * len(choice[0]["logprobs"]["tokens"]))
+    out[index] = (len(times), times[0], times[-1])
+
+
+def run_clients(url: str, n: int, tokens: int) -> tuple[float, list[float]]:
+    """Aggregate decode tok/s of ``n`` concurrent clients, and each client's own decode tok/s."""
+    out: list[Any] = [None] * n
+    start = threading.Barrier(n) if n > 1 else None
+    threads = [threading.Thread(target=stream_client, args=(url, PROMPTS[i % len(PROMPTS)], tokens, start, out, i))
+               for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    decoded = sum(count - 1 for count, _, _ in out)
+    span = max(last for _, _, last in out) - min(first for _, first, _ in out)
+    per_client = [(count - 1) / (last - first) for count, first, last in out]
+    return decoded / span, per_client
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=64, help="tokens each client decodes (64)")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent clients of the second run (4)")
+    ap.add_argument("--threads", type=int, default=None, help="uaii serve --threads (default: its choice)")
+    args = ap.parse_args()
+    model = model_path("smollm2")
+    extra = ["--max-context", str(args.tokens + 64), "--max-sequences", str(max(args.clients, 1))]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    proc, url, err = start_server(model, extra)
+    try:
+        run_clients(url, 1, 8)  # warm-up: plan, arenas, the batched executable's first layout
+        run_clients(url, args.clients, 8)
+        solo, _ = run_clients(url, 1, args.tokens)
+        together, per_client = run_clients(url, args.clients, args.tokens)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        err.close()
+    ratio = together / solo
+    print(f"bench-serve: {model.name}, uaii serve on {url}, greedy, {args.tokens} tokens per client "
+          f"(ignore_eos), {os.cpu_count()} CPUs")
+    print(f"  1 client : {solo:7.1f} tok/s decode")
+    print(f"  {args.clients} clients: {together:7.1f} tok/s aggregate decode (each: "
+          f"{', '.join(f'{r:.1f}' for r in per_client)})")
+    print(f"  ratio {args.clients} vs 1: {ratio:.2f}x (goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
