@@ -217,6 +217,43 @@ def gemv_table(shapes: list[tuple[str, int, int]], types: list[str], threads: li
     return results
 
 
+SMALL_M = (1, 2, 4, 8)         # a batched decode step: one row per sequence
+
+
+def small_batch_table(threads: list[int], reps: int, rng: np.random.Generator) -> None:
+    """Per-step cost of uk_gemm at 1, 2, 4 and 8 rows on SmolLM2's shapes in the mode each layer uses (Q4_1 in mode 0;
+    the Q8_0 lm_head in mode 2, 16-bit activations), weights cold, the row counts timed round-robin (load from
+    elsewhere hits all alike), median. A ratio near 1 means the extra rows ride on weight bytes read once."""
+    print(f"\n## Small batches (batched decode, weights cold) — us per step at m rows; ratio to m = 1 (median of "
+          f"{reps})")
+    print(f"| shape (k x n) | type, mode | thr | {' | '.join(f'm={m}' for m in SMALL_M)} |")
+    print("|---|---|---|" + "---|" * len(SMALL_M))
+    ffi, lib = native.ffi, native.lib
+    for name, k, n in [s for s in SHAPES if s[0].startswith("smollm2")]:
+        dt, mode = (DType.Q8_0, 2) if "lm_head" in name else (DType.Q4_1, 0)
+        ws = cold_copies(make_weight(dt, n, k, rng))
+        xs = {m: rng.standard_normal((m, k)).astype(np.float32) for m in SMALL_M}
+        ys = {m: np.empty((m, n), np.float32) for m in SMALL_M}
+        ptr = {m: (ffi.cast("float *", ffi.from_buffer(xs[m])), ffi.cast("float *", ffi.from_buffer(ys[m])))
+               for m in SMALL_M}
+        calls = {m: [partial(lib.uk_gemm, w.dtype.gguf_id, w.pointer(), n, k, ptr[m][0], m, k, ptr[m][1], n, mode)
+                     for w in ws] for m in SMALL_M}
+        for t in threads:
+            times: dict[int, list[float]] = {m: [] for m in SMALL_M}
+            with K.num_threads(t):
+                for r in range(reps + 2):
+                    for m in SMALL_M:
+                        call = calls[m][(r * len(SMALL_M) + m) % len(ws)]
+                        t0 = time.perf_counter()
+                        call()
+                        if r >= 2:
+                            times[m].append(time.perf_counter() - t0)
+            med = {m: float(np.median(v)) * 1e6 for m, v in times.items()}
+            cells = " | ".join(f"{med[m]:7.1f} (x{med[m] / med[1]:.2f})" for m in SMALL_M)
+            print(f"| {name} ({k}x{n}) | {dt.value}, mode {mode} | {t} | {cells} |", flush=True)
+        del ws
+
+
 def gemm_table(shapes: list[tuple[str, int, int]], types: list[str], threads: list[int], blas: Blas,
                min_time: float, rng: np.random.Generator) -> None:
     print(f"\n## GEMM (prefill, {GEMM_ROWS} rows) — GFLOP/s; speed-up over numpy f32 BLAS on the dequantized weight")
@@ -299,6 +336,7 @@ def main() -> None:
     print("memory bandwidth (STREAM-like copy, read + write): "
           + ", ".join(f"{bw[t]:.1f} GB/s at {t} thread{'s' if t > 1 else ''}" for t in threads))
     ratios = gemv_table(shapes, types, threads, bw, blas, min_time, rng)
+    small_batch_table(threads, 30 if args.quick else 100, rng)
     gemm_table(shapes, types, threads, blas, min_time, rng)
     if not args.no_busy:
         busy_line(min_time, rng)

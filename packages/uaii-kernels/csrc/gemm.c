@@ -23,6 +23,7 @@
 
 #define GEMV_MAX_M 3      /* up to this many activation rows use the direct dot kernels */
 #define GEMM_CHUNK 16     /* weight rows per chunk for batches */
+#define SMALL_M 8         /* up to this many rows (batched decode steps) are chunked as decode rows where they can */
 
 enum { PATH_FLOAT, PATH_INT, PATH_INT16, PATH_DEQUANT };   /* PATH_INT16: PATH_INT with 16-bit activations */
 
@@ -62,11 +63,8 @@ static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float 
         uk_kt.tile16[c->type](k, (int)nr, (int)m, w, c->row_bytes, c->aq16, c->ad, y, c->ldy);
         return;
     }
-    if (c->prep) {        /* wide GEMV types: decode rows one by one, batches at once; every pair summed alike */
-        const int64_t step = decode ? 1 : m;
-        for (int64_t j = 0; j < m; j += step)
-            uk_kt.gemmw[c->type](k, w, c->row_bytes, nr, step, c->prep + j * c->prep_stride, c->prep_stride,
-                                 y + j * c->ldy, c->ldy);
+    if (c->prep) {        /* wide GEMV types: all rows at once, each weight group unpacked once; every pair alike */
+        uk_kt.gemmw[c->type](k, w, c->row_bytes, nr, m, c->prep, c->prep_stride, y, c->ldy);
         return;
     }
     uk_dotq_fn dot = uk_kt.dotq[c->type];
@@ -236,7 +234,9 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     c.row_bytes = k / tr->elems * tr->bytes;
     c.path = path_code(type, tr, mode);
     const int nthreads = uk_get_num_threads();
-    if (m <= GEMV_MAX_M) {                    /* decode: enough chunks to balance, at least 8 rows each */
+    if (m <= GEMV_MAX_M || (m <= SMALL_M && (c.path == PATH_INT16 || (c.path == PATH_INT && uk_kt.gemmw[type])))) {
+        /* decode rows and small batches of the kernels that need no per-chunk scratch: enough chunks to balance,
+           at least 8 rows each (long contiguous streams of cold weight bytes) */
         int64_t per = n / ((int64_t)nthreads * 8);
         c.chunk = UK_MAX(8, (per + 3) / 4 * 4);
     } else {
