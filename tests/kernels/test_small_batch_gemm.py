@@ -3,9 +3,8 @@ and still give every row the bits of that row alone, whatever the row count and 
 
 Why bits: the runtime decodes several sequences in one forward pass (uaii.backends KVBatch) and promises each the
 output it would get alone; a model amplifies any last-bit difference through its activation quantizers (see
-test_batch_matches_decode.py). Why a cost test: the 16-bit-activation tile (mode 2, the Q8_0 output projection)
-once ran a 4-row call ~8x slower than one row (two interleaved weight rows spilled registers), which made a
-batched decode step slower than the sequences one by one.
+test_batch_matches_decode.py). Their cost is a benchmark, not a test: `make bench-kernels` prints it per row count
+(the 16-bit-activation tile of the Q8_0 output projection once ran a 4-row call ~8x slower than one row).
 """
 
 from __future__ import annotations
