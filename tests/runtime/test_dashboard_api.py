@@ -204,9 +204,11 @@ def test_load_telemetry_bench_unload(server: tuple[str, ServerState], smollm2_pa
     for bad in ({"gen_tokens": 0}, {"prompt_tokens": "16"}, {"prompt_tokens": 200, "gen_tokens": 100}):
         r = httpx.post(f"{url}/api/bench", json=bad, timeout=30)
         assert r.status_code == 400, (bad, r.text)
-    assert httpx.post(f"{url}/api/bench", content=b"{oops", timeout=30).status_code == 400
+    assert httpx.post(f"{url}/api/bench", content=b"{oops", headers={"content-type": "application/json"},
+                      timeout=30).status_code == 400
 
-    r = httpx.post(f"{url}/api/unload", timeout=60)
+    assert httpx.post(f"{url}/api/unload", timeout=60).status_code == 415  # no JSON body: a foreign page's
+    r = httpx.post(f"{url}/api/unload", json={}, timeout=60)
     assert r.status_code == 200 and r.json()["unloaded"] == name and state.loaded is None
     assert get(url, "/api/telemetry").json()["model"] is None
     r = httpx.post(f"{url}/api/bench", json={}, timeout=30)

@@ -170,6 +170,16 @@ def test_stop_string_stop_id_and_max_tokens(session: Session, engine: Engine, so
     assert r.usage.prompt_tokens == len(session.tokenize(p)) and r.usage.total_tokens == r.usage.prompt_tokens + 3
 
 
+def test_a_long_stop_string_does_not_delay_the_events(session: Session, engine: Engine,
+                                                     solo: dict[str, list[int]]) -> None:
+    """Only text that may begin a stop string waits: each token's event carries its own piece until then."""
+    p = PROMPTS[0]  # " Paris.\n\nThe ..."
+    h = engine.submit(_req(session, p, 4, stop=("\nObservation:",)))
+    texts = [e.text for e in h.events()]
+    assert texts[:2] == [session.detokenize(solo[p][:1]), "."] == [" Paris", "."]
+    assert "".join(texts) == session.detokenize(solo[p][:4])
+
+
 def test_eos_ends_a_request_unless_ignored(session: Session, engine: Engine) -> None:
     """A chat turn ends at the model's end-of-turn id (finish "stop", the id not emitted)."""
     ids = session.tokenizer.encode_chat([{"role": "user", "content": "Say hi."}], add_generation_prompt=True)

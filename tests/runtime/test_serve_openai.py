@@ -141,3 +141,23 @@ def test_tokenize_detokenize_health_metrics(url: str) -> None:
     assert any(line.startswith('uaii_http_requests_total{route="/tokenize",status="200"}') for line in lines)
     completion = next(line for line in lines if line.startswith("uaii_completion_tokens_total "))
     assert float(completion.split()[1]) > 0
+
+
+def test_models_retrieve(client: openai.OpenAI, model: str) -> None:
+    """``client.models.retrieve``: GET /v1/models/{id}; another name is 404 model_not_found."""
+    found = client.models.retrieve(model)
+    assert (found.id, found.object, found.owned_by) == (model, "model", "uaii") and found.created > 0
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("../" + model)
+
+
+def test_text_offset_of_a_prompt_in_a_list(client: openai.OpenAI, model: str) -> None:
+    """A prompt sent as a list of one text counts its offsets from that text's start, as a plain prompt does."""
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0, logprobs=1)
+    listed = client.completions.create(model=model, prompt=[prompt], max_tokens=3, temperature=0, logprobs=1)
+    assert listed.choices[0].logprobs.text_offset == plain.choices[0].logprobs.text_offset
+    assert listed.choices[0].logprobs.text_offset[0] == len(prompt)

@@ -19,7 +19,14 @@ from serve_support import running_server, uaii_serve  # noqa: E402
 import uaii.runtime  # noqa: E402
 from uaii.runtime.cli import main  # noqa: E402
 from uaii.runtime.serve import ServerState  # noqa: E402
-from uaii.runtime.serve.auth import api_key_for, is_loopback, is_open  # noqa: E402
+from uaii.runtime.serve.auth import (  # noqa: E402
+    api_key_for,
+    host_allowed,
+    is_json,
+    is_loopback,
+    is_open,
+    origin_allowed,
+)
 
 OPTIONS = {"max_context": 128}
 KEY = "s3cret-key"
@@ -77,6 +84,8 @@ def test_non_loopback_bind_generates_and_prints_a_key(smollm2_path: Path) -> Non
 def test_loopback_bind_prints_no_key(smollm2_path: Path) -> None:
     with uaii_serve(str(smollm2_path), "--max-context", "128") as server:
         assert not any("API key" in line for line in server.stdout)
+        assert "context: 128 tokens a sequence\n" in server.stdout  # the window (2048) bounds nothing here
+        assert not any("kv window" in line for line in server.stdout)
         assert any(line.startswith(f"models: {smollm2_path.stem} (loaded)") for line in server.stdout)
         assert call(server.url, "GET", "/v1/models", None).status_code == 200
 
@@ -170,9 +179,10 @@ def _long_request() -> Any:
 def test_no_cors_unless_asked(smollm2_path: Path) -> None:
     origin = {"Origin": "http://evil.example"}
     with running_server(model=smollm2_path, session_options=OPTIONS) as url:
-        assert "access-control-allow-origin" not in httpx.get(url + "/v1/models", headers=origin).headers
+        foreign = httpx.get(url + "/v1/models", headers=origin)
+        assert foreign.status_code == 403 and "access-control-allow-origin" not in foreign.headers
         assert httpx.options(url + "/v1/models", headers={**origin, "Access-Control-Request-Method": "GET"}
-                             ).status_code == 405
+                             ).status_code == 403
     allowed = "http://app.example"
     with running_server(model=smollm2_path, session_options=OPTIONS, cors_origins=(allowed,), api_key=KEY) as url:
         pre = httpx.options(url + "/v1/chat/completions", headers={
@@ -193,3 +203,95 @@ def test_without_the_extra_the_command_names_it(monkeypatch: pytest.MonkeyPatch,
     err = capsys.readouterr().err
     assert "sse_starlette is not installed" in err and "pip install 'uaii-runtime[serve]'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------------ web pages, rebinding
+@pytest.fixture(scope="module")
+def keyless(smollm2_path: Path) -> Iterator[str]:
+    with running_server(model=smollm2_path, session_options=OPTIONS) as url:
+        yield url
+
+
+def _port(url: str) -> str:
+    return url.rsplit(":", 1)[1]
+
+
+def test_keyless_server_answers_only_loopback_hosts(keyless: str, keyed: str) -> None:
+    """DNS rebinding: a page at evil.example whose name now resolves to 127.0.0.1 sends Host evil.example."""
+    port = _port(keyless)
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.nip.example:{port}", ""):
+        r = httpx.get(keyless + "/v1/models", headers={"Host": host})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", (host, r.text)
+        assert httpx.post(keyless + "/api/unload", json={}, headers={"Host": host}).status_code == 403
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}", "LOCALHOST:1"):
+        assert httpx.get(keyless + "/v1/models", headers={"Host": host}).status_code == 200, host
+    # a server with a key answers any name (a reverse proxy's); the key is what a rebinding page lacks
+    assert call(keyed, "GET", "/v1/models", None, KEY).status_code == 200
+    assert httpx.get(keyed + "/v1/models", headers={"Host": "api.example", "Authorization": f"Bearer {KEY}"}
+                     ).status_code == 200
+
+
+def test_foreign_origins_are_refused(keyless: str, keyed: str) -> None:
+    own = f"http://127.0.0.1:{_port(keyless)}"
+    for origin in ("http://evil.example", "null", f"http://127.0.0.1:{int(_port(keyless)) + 1}", "file://"):
+        r = httpx.post(keyless + "/v1/chat/completions", json=CHAT, headers={"Origin": origin}, timeout=60)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", (origin, r.text)
+    assert httpx.post(keyless + "/v1/chat/completions", json=CHAT, headers={"Origin": own}, timeout=60
+                      ).status_code == 200  # the dashboard: the server's own page
+    r = httpx.get(keyed + "/v1/models", headers={"Origin": "http://evil.example", "Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 403  # with a key too: a page must not drive the server with a key it was given
+
+
+def test_an_allowed_cors_origin_passes(smollm2_path: Path) -> None:
+    allowed = "http://app.example:3000"
+    with running_server(model=smollm2_path, session_options=OPTIONS, cors_origins=(allowed,)) as url:
+        r = httpx.post(url + "/v1/chat/completions", json=CHAT, headers={"Origin": allowed}, timeout=60)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == allowed
+        assert httpx.get(url + "/v1/models", headers={"Origin": "http://app.example"}).status_code == 403
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"prompt": "Hi"}),
+                                        ("/tokenize", {"content": "Hi"}), ("/api/unload", {}),
+                                        ("/v1/embeddings", {"input": "Hi"})])
+def test_api_posts_must_be_json(keyless: str, path: str, body: Any) -> None:
+    """A text/plain or form body is what a page may POST cross-site without a preflight: 415, unparsed."""
+    import json
+
+    raw = json.dumps(body)
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        headers = {"content-type": kind} if kind else {}
+        r = httpx.post(keyless + path, content=raw, headers=headers, timeout=60)
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", (kind, r.text)
+    assert httpx.get(keyless + "/health").status_code == 200
+    assert httpx.post(keyless + "/tokenize", content=json.dumps({"content": "Hi"}),
+                      headers={"content-type": "Application/JSON; charset=utf-8"}).status_code == 200
+
+
+def test_guard_rules() -> None:
+    assert host_allowed("127.0.0.1:80", None) and host_allowed("[::1]", None) and host_allowed("localhost:1", None)
+    assert host_allowed("10.0.0.5:8080", "10.0.0.5") and not host_allowed("10.0.0.5:8080", "127.0.0.1")
+    assert not host_allowed("evil.example", "127.0.0.1") and not host_allowed("", "127.0.0.1")
+    assert origin_allowed("http://localhost:8080", "localhost:8080", ())
+    assert origin_allowed("https://box.example", "box.example", ())  # a TLS proxy's page: same host, default port
+    assert not origin_allowed("http://localhost:8081", "localhost:8080", ())
+    assert not origin_allowed("http://evil.example", "evil.example.local", ())
+    assert origin_allowed("http://app.example/", "localhost:8080", ("http://app.example",))
+    assert is_json("application/json") and is_json("application/json; charset=utf-8")
+    assert not is_json("text/plain") and not is_json("application/jsonp") and not is_json("")
+
+
+def test_banner_shows_the_effective_context() -> None:
+    """--max-context 256 with the preset's 2048-token window: the context, and no window that bounds nothing."""
+    from types import SimpleNamespace
+
+    from uaii.runtime.cli.serve import memory_lines
+    from uaii.runtime.presets import Preset
+
+    def state(context: int, window: int) -> Any:
+        session = SimpleNamespace(context=context, options=SimpleNamespace(kv_window=window))
+        return SimpleNamespace(preset=Preset("auto", 1 << 30, kv_window=2048), loaded=SimpleNamespace(session=session))
+
+    assert memory_lines(state(256, 2048)) == ["memory: preset auto (budget 1.0 GiB, kv cache f16)",
+                                              "context: 256 tokens a sequence"]
+    assert memory_lines(state(8192, 2048))[1] == "context: 8192 tokens a sequence, kv window 2048"
+    assert memory_lines(SimpleNamespace(preset=None, loaded=None)) == []

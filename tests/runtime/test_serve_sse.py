@@ -100,7 +100,13 @@ def test_client_leaving_a_stream_frees_its_sequence(served: tuple[str, ServerSta
 
 def test_client_leaving_a_plain_request_frees_its_sequence(served: tuple[str, ServerState]) -> None:
     url, state = served
+    assert state.loaded is not None
+    before = state.loaded.engine.stats()
     with pytest.raises(httpx.TimeoutException):
         httpx.post(url + "/v1/completions", json={"prompt": "Count: 1, 2, 3,", **LONG}, timeout=0.5)
     waited = _wait_idle(state, 5.0)
     assert _active(state) == 0 and waited < 1.0, f"the sequence was still active {waited:.2f} s after the client left"
+    after = state.loaded.engine.stats()
+    assert after["requests_cancelled"] == before["requests_cancelled"] + 1  # cancelled, not run to its end
+    generated = after["completion_tokens_total"] - before["completion_tokens_total"]
+    assert generated < LONG["max_tokens"], f"the request generated {generated} tokens after its client left"

@@ -57,12 +57,36 @@ class _Chars:
 def test_stop_strings_across_pieces() -> None:
     ts = TextStream(_Chars(), ["<END>", "xyz"])
     out = "".join(ts.push(ord(c)) for c in "hello <EN")
-    assert out == "hello" and not ts.stopped  # " <EN" held back: it could start "<END>"
+    assert out == "hello " and not ts.stopped  # "<EN" held back: it could start "<END>"
     out += "".join(ts.push(ord(c)) for c in "D> tail")
     assert ts.stopped and out + ts.finish() == "hello " and ts.text == "hello "
     ts = TextStream(_Chars(), ["<END>"])
     text = "".join(ts.push(ord(c)) for c in "no stop <E") + ts.finish()
     assert text == "no stop <E" and not ts.stopped
+
+
+def test_only_a_possible_stop_start_is_held_back() -> None:
+    """A long stop string does not delay text that cannot begin it (llama.cpp's partial-stop rule)."""
+    ts = TextStream(_Chars(), ["\nObservation:"])
+    assert [ts.push(ord(c)) for c in "Hi there"] == list("Hi there")  # each character at once
+    assert ts.push(ord("\n")) == "" and ts.push(ord("O")) == ""  # "\nO" may grow into the stop
+    assert ts.push(ord("k")) == "\nOk" and not ts.stopped  # it did not: released together
+    out = "".join(ts.push(ord(c)) for c in " then\nObs")
+    assert out == " then" and not ts.stopped  # a stop split across tokens is held back ...
+    out += "".join(ts.push(ord(c)) for c in "ervation: x")
+    assert ts.stopped and out == " then" and ts.text == "Hi there\nOk then"  # ... and cut
+    ts = TextStream(_Chars(), ["abc", "bd"])
+    assert ts.push(ord("a")) == "" and ts.push(ord("b")) == ""  # "ab" may start "abc", "b" may start "bd"
+    assert ts.push(ord("x")) == "abx"
+    assert "".join(ts.push(ord(c)) for c in "ab") == "" and ts.push(ord("d")) == "a" and ts.stopped  # "bd" cut
+
+
+def test_session_stream_with_a_long_stop_does_not_lag(smol: Session) -> None:
+    plain = list(smol.stream("The capital of France is", max_new_tokens=12))
+    assert "".join(plain).startswith(" Paris.\n")  # the fixture model's greedy reply; a "\n" comes third
+    held = list(smol.stream("The capital of France is", max_new_tokens=12, stop=["\nObservation:"]))
+    assert held[:2] == plain[:2] == [" Paris", "."]  # nothing held back before the "\n"
+    assert "".join(held) == "".join(plain)  # no stop in the reply: all of it comes out
 
 
 def test_a_stream_closed_early_leaves_a_result(smol: Session) -> None:

@@ -23,7 +23,7 @@ from uaii.runtime.model import ModelBundle, _nbytes
 from uaii.runtime.options import SessionOptions
 
 if TYPE_CHECKING:
-    from uaii.backends.base import Backend, Executable, KVStateLike
+    from uaii.backends.base import Backend, Executable, ExecutableMemory, KVStateLike
     from uaii.ir.plan import ExecutionPlan
 
 log = logging.getLogger("uaii.runtime")
@@ -141,6 +141,19 @@ def check_memory(backend: Backend, exe: Executable, kv: KVStateLike | None, opti
                       "max_batch / max_context", budget_bytes=limit, required_bytes=total, parts=parts)
 
 
+def executable_extra(main: ExecutableMemory, other: ExecutableMemory, shared_staging: int) -> int:
+    """Bytes a second executable of the same graph's weights (the batched decode one, the embedding one) allocates
+    beyond the session's ``main`` one, by :func:`check_memory`'s rule: its whole arena; its staging beyond what
+    every executable of the session shares (``shared_staging``: the store's staging pool and the expert cache),
+    i.e. its own row buffers; and its weight bytes beyond main's — both bind the same weights from the same store,
+    so those are views of one buffer, and only what it holds besides (converted copies) is new. A device
+    executable's bytes are the device's, not the host budget's: 0."""
+    if other.device != "host":
+        return 0
+    staging = max(other.staging_bytes - shared_staging, 0) if other.staging_bytes else 0
+    return other.arena_bytes + staging + max(other.weight_bytes - main.weight_bytes, 0)
+
+
 def _moe_banks(graph: Any, streamed: set[str]) -> dict[str, list[Any]]:
     """Nodes whose expert banks stream: node name → the bank tensors it reads by expert (its schema's EXPERTS
     inputs: gate, up and down for MoEExperts)."""
@@ -176,4 +189,4 @@ def bytes_per_token(graph: Any, locations: Mapping[str, Any], plan: Any) -> int:
     return total
 
 
-__all__ = ["bytes_per_token", "check_memory", "kv_cache_bytes", "storage_stats", "streaming_setup"]
+__all__ = ["bytes_per_token", "check_memory", "executable_extra", "kv_cache_bytes", "storage_stats", "streaming_setup"]

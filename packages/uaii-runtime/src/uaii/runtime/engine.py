@@ -419,9 +419,27 @@ class Engine:
             self._drop(job)
 
     def _admit(self) -> None:
+        """Queued requests become sequences while fewer than ``max_sequences`` are active and the memory budget
+        holds one more KV state (``session.sequence_fits``): a request waits until a sequence ends and frees its
+        memory, and is never admitted over the budget. One that cannot fit even with nothing active fails."""
         while True:
             with self._cv:
                 if not self._queue or len(self._active) >= self.max_sequences:
+                    return
+                idle = not self._active
+            if not self._fits():
+                if not idle:
+                    return  # the active sequences free memory as they end
+                with self._cv:
+                    job = self._queue.popleft()
+                    self._active.append(job)
+                self._finish(job, "error", f"[serve] the memory budget cannot hold one more sequence's KV state "
+                                           f"({self.session.sequence_bytes} bytes) beside what the session holds "
+                                           f"({self.session.memory_bytes()} bytes); raise the budget or lower "
+                                           "max_context")
+                continue
+            with self._cv:
+                if not self._queue:
                     return
                 job = self._queue.popleft()
                 if job.cancelled:
@@ -434,6 +452,10 @@ class Engine:
                 job.text = TextStream(self.session.tokenizer, job.req.stop)
             except UaiiError as exc:
                 self._finish(job, "error", str(exc))
+
+    def _fits(self) -> bool:
+        fits = getattr(self.session, "sequence_fits", None)  # a session without a budget check always fits
+        return bool(fits()) if fits is not None else True
 
     def _prefill_some(self) -> None:
         """Up to one chunk of prompt tokens over the requests still prefilling, oldest first."""

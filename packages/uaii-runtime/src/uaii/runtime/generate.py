@@ -1,7 +1,9 @@
 """The text side of generation: streamed pieces, stop strings, and the sampler adapter of the decode loop.
 
 :class:`TextStream` turns token ids into text pieces with the tokenizer's StreamDecoder and holds back the tail that
-could still begin a stop string, so a stop string never reaches the caller, streamed or not. :func:`make_sampler`
+could still begin a stop string, so a stop string never reaches the caller, streamed or not. Only a tail that *is* the
+beginning of some stop string waits (llama.cpp's find_partial_stop_string): with ``stop=["\nObservation:"]`` text
+flows token by token and only a ``"\n"``, ``"\nObs"``, … waits for what follows. :func:`make_sampler`
 picks the token of each step: an argmax for greedy decoding, else a :class:`~uaii.runtime.sampling.Sampler`.
 """
 
@@ -19,7 +21,7 @@ class TextStream:
     def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
         self._decoder = tokenizer.stream() if tokenizer is not None else None
         self._stop = [s for s in stop if s]
-        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._window = max((len(s) for s in self._stop), default=1) - 1  # released text a stop may still span
         self._pending = ""  # decoded but not yet released
         self.text = ""  # released so far
         self.stopped = False
@@ -41,7 +43,7 @@ class TextStream:
         if self.stopped:
             return ""
         if self._stop:
-            window = self.text[-self._hold:] if self._hold else ""
+            window = self.text[-self._window:] if self._window else ""
             joined = window + self._pending
             hits = [i for i in (joined.find(s) for s in self._stop) if i >= 0]
             if hits:
@@ -52,7 +54,7 @@ class TextStream:
                 self.stopped = True
                 return piece
             if not final:
-                keep = min(self._hold, len(self._pending))
+                keep = min(partial_stop(joined, self._stop), len(self._pending))
                 piece = self._pending[:len(self._pending) - keep]
                 self._pending = self._pending[len(self._pending) - keep:]
                 self.text += piece
@@ -60,6 +62,19 @@ class TextStream:
         piece, self._pending = self._pending, ""
         self.text += piece
         return piece
+
+
+def partial_stop(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``stops`` (0: none): the tail
+    that must wait for the next piece because it may still grow into a stop string. A tail that cannot is released
+    at once, however long the stop strings are."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
 
 
 class _Greedy:
@@ -99,4 +114,4 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-__all__ = ["TextStream", "common_prefix", "make_sampler"]
+__all__ = ["TextStream", "common_prefix", "make_sampler", "partial_stop"]

@@ -38,6 +38,9 @@ class SessionOptions:
         in the sequence) or ``"cache"`` (StreamingLLM: a token's position is its slot in the cache, so the model
         never sees distances beyond the window). Same result without a window; ``"cache"`` needs RoPE models.
     budget_bytes: memory budget for the storage plan (0: none; weights are memory-mapped).
+    sequences: KV states of sequences (``new_sequence``, a server's requests) the budget keeps room for beside the
+        session's own: the plan is made for the budget less their bytes at capacity, halving the count while even
+        the smallest plan does not fit (warned). 0: none. Without a budget it changes nothing.
     gpu_budget_bytes: device-memory budget of a backend with device memory (WebGPU): the weights that do not fit
         stream from the host store before each use (0: 80 % of the device memory it reports; see
         uaii.runtime.gpu_budget).
@@ -63,6 +66,7 @@ class SessionOptions:
     kv_dtype: str = "f32"
     kv_positions: str = "absolute"
     budget_bytes: int = 0
+    sequences: int = 0
     gpu_budget_bytes: int = 0
     preset: str | None = None
     pin_layers: int | None = None
@@ -80,7 +84,7 @@ class SessionOptions:
         if self.n_threads is not None:
             _int("n_threads", self.n_threads, 1)
         object.__setattr__(self, "n_threads", capped_threads(self.n_threads))
-        for name, lo in (("max_context", 0), ("kv_window", 0), ("kv_sinks", 0), ("budget_bytes", 0),
+        for name, lo in (("max_context", 0), ("kv_window", 0), ("kv_sinks", 0), ("budget_bytes", 0), ("sequences", 0),
                          ("gpu_budget_bytes", 0), ("max_batch", 1), ("expert_cache_bytes", 0),
                          ("stream_read_ahead", 1)):
             _int(name, getattr(self, name), lo)

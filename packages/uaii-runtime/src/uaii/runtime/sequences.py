@@ -7,6 +7,12 @@ its own from the session's executable (same window, sinks, dtype and positions a
 a sequence costs is its KV state (committed page by page as it fills). ``Session.release`` drops the state at
 once; a released sequence is refused by every call.
 
+Under a memory budget the sequences count (budget.py's rule: what the executables report plus every KV state at
+capacity): the option ``sequences`` keeps room for that many states when the session plans
+(:meth:`SequencesMixin._reserved_plan`), :meth:`SequencesMixin.sequence_fits` tells a caller (the engine) whether
+one more fits now, and the batched decode executable is kept only if what it allocates beyond the session's
+executable fits too — else decode runs one pass per sequence, warned once (:attr:`SequencesMixin.batched_decode`).
+
 The invariant is the session's: ``tokens`` and the state agree (a pass and its bookkeeping happen together or not at
 all, and the session rewinds the state to ``tokens`` when a pass fails half-way).
 """
@@ -14,19 +20,23 @@ all, and the session rewinds the state to ``tokens`` when a pass fails half-way)
 from __future__ import annotations
 
 import itertools
+import logging
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from uaii.runtime.budget import executable_extra, kv_cache_bytes
 from uaii.runtime.capabilities import compile_options
 from uaii.runtime.errors import SessionError
+from uaii.runtime.planning import kv_slots
 
 if TYPE_CHECKING:
     from uaii.backends.base import Executable
 
+log = logging.getLogger("uaii.runtime")
 _ids = itertools.count(1)
 BATCH_ROWS = 8  # rows the batched executable's arena is first laid out for (it grows when a batch is larger)
 
@@ -68,10 +78,18 @@ class SequencesMixin:
     _sequences: weakref.WeakSet[Sequence]
     _btokens: np.ndarray
     _bpositions: np.ndarray
+    _batch_rows: int
+    _batch_extra: int
+    _batch_refused: bool
     if TYPE_CHECKING:  # provided by Session
         _guard: Any
         _exe: Executable | None
+        _kv: Any
         _store: Any
+        _stream_kw: dict[str, Any]
+        _embedder: Any
+        context: int
+        graph: Any
         _device_kw: dict[str, Any]
         _bundle: Any
         _tokens: np.ndarray
@@ -82,6 +100,7 @@ class SequencesMixin:
         bounds: Any
 
         def _generative(self, what: str) -> None: ...
+        def _plan(self, graph: Any, budget: int) -> tuple[Any, bool]: ...
         def _new_kv_state(self, exe: Executable) -> Any: ...
         def _check_ids(self, ids: Any) -> None: ...
         def _vocab(self) -> int: ...
@@ -94,13 +113,84 @@ class SequencesMixin:
         self._sequences = weakref.WeakSet()  # the open ones: closing the session releases them
         self._btokens = np.zeros(BATCH_ROWS, np.int64)
         self._bpositions = np.zeros(BATCH_ROWS, np.int64)
+        self._batch_rows = 0  # rows the batched executable was compiled for
+        self._batch_extra = 0  # bytes it allocates beyond the session's executable (budget.executable_extra)
+        self._batch_refused = False  # it did not fit the budget: decode runs one pass per sequence
 
     @property
     def batched_decode(self) -> bool:
         """Whether :meth:`decode` of several sequences is one forward pass over all of them (the backend declares
-        ``capabilities.batched_kv``) rather than one pass per sequence."""
+        ``capabilities.batched_kv`` and the batched executable fits the memory budget) rather than one pass per
+        sequence."""
         backend = self.backend
-        return bool(getattr(backend.capabilities, "batched_kv", False)) if backend is not None else False
+        if backend is None or self._batch_refused:
+            return False
+        return bool(getattr(backend.capabilities, "batched_kv", False))
+
+    # --- the memory budget --------------------------------------------------------------------------------------
+    def _reserved_plan(self, graph: Any) -> tuple[Any, bool, Any]:
+        """(plan, cache hit, options the session's own part is held to): under a budget, the plan for the budget
+        less the KV states of ``options.sequences`` sequences, so that a server's requests have room beside the
+        pins the planner fills the budget with. Halved (warned) while even the smallest plan does not fit."""
+        from uaii.planner import BudgetError
+
+        o = self.options
+        per = self.sequence_bytes
+        n = o.sequences if o.budget_bytes and per else 0
+        while True:
+            try:
+                if n and o.budget_bytes <= n * per:
+                    raise BudgetError("", budget_bytes=o.budget_bytes, required_bytes=n * per, parts={})
+                own = replace(o, budget_bytes=o.budget_bytes - n * per)
+                plan, hit = self._plan(graph, own.budget_bytes)
+            except BudgetError:
+                if n == 0:
+                    raise
+                n //= 2
+                continue
+            if o.budget_bytes and per and n < o.sequences:  # without a budget nothing is reserved, nor needed
+                log.warning("[runtime] memory budget of %d bytes keeps room for %d sequence KV state(s) of %d bytes, "
+                            "not the %d asked for: requests beyond them wait", o.budget_bytes, n, per, o.sequences)
+            return plan, hit, own
+
+    @property
+    def sequence_bytes(self) -> int:
+        """Bytes one sequence's KV state holds at capacity (the session's own state's size; 0 for an encoder)."""
+        if not self._bundle.generative:
+            return 0
+        o = self.options
+        return kv_cache_bytes(self.graph, kv_slots(o, self.context), o.kv_dtype)
+
+    def _budget_limit(self) -> int:
+        """The host budget the session is held to (0: none; a budget without streaming is not enforced)."""
+        return int(self.options.budget_bytes) if self._stream_kw else 0
+
+    def memory_bytes(self) -> int:
+        """What the session holds by the budget's rule (:func:`uaii.runtime.budget.check_memory`): its executable,
+        its own KV state, the batched executable beyond it, the embedding executable beyond it and every open
+        sequence's KV state at capacity."""
+        with self._guard.cv:  # not while close() frees the executables
+            exe = self._exe
+            if exe is None:
+                return 0
+            main = exe.memory()
+            total = main.total + (int(self._kv.nbytes) if self._kv is not None else 0) + self._batch_extra
+            embedder = getattr(self._embedder, "exe", None)
+            if embedder is not None:
+                total += executable_extra(main, embedder.memory(), self._shared_staging())
+            return total + sum(int(st.nbytes) for st in [q.state for q in list(self._sequences)] if st is not None)
+
+    def sequence_fits(self) -> bool:
+        """Whether one more sequence's KV state fits the memory budget beside what the session holds now (always
+        without a budget). The engine admits a request only then; otherwise it waits for memory to free."""
+        limit = self._budget_limit()
+        return not limit or self.memory_bytes() + self.sequence_bytes <= limit
+
+    def _shared_staging(self) -> int:
+        """Staging that every executable of the session shares: the store's staging pool and the expert cache."""
+        cache = self._stream_kw.get("expert_cache")
+        return int(getattr(self._store, "staging_capacity", 0) or 0) + (
+            int(cache.budget_bytes) if cache is not None else 0)
 
     @property
     def open_sequences(self) -> int:
@@ -169,7 +259,7 @@ class SequencesMixin:
                     raise SessionError(f"[runtime] {s.name} is full: it holds {s.length} tokens, the context is "
                                        f"{self.bounds.context} ({self.bounds.name}); release it or start another")
             self._check_ids(toks)
-            if self.batched_decode and len(seqs) > 1:
+            if self.batched_decode and len(seqs) > 1 and self._batched_executable(len(seqs)) is not None:
                 return self._batch_pass(seqs, toks)
             lengths = [s.length for s in seqs]
             out = np.empty((len(seqs), self._vocab()), np.float32)
@@ -216,7 +306,8 @@ class SequencesMixin:
 
     def _batch_pass(self, seqs: list[Sequence], toks: list[int]) -> np.ndarray:
         """One forward pass of one token per sequence over a KVBatch of their states (all rows' logits)."""
-        exe = self._batched_executable(len(seqs))
+        exe = self._batch_exe
+        assert exe is not None  # decode() compiled it (_batched_executable)
         n = len(seqs)
         if self._btokens.shape[0] < n:
             self._btokens, self._bpositions = np.zeros(n, np.int64), np.zeros(n, np.int64)
@@ -241,18 +332,40 @@ class SequencesMixin:
             batch.set(())  # the batch holds no state between calls: a released sequence's memory goes at once
         return logits
 
-    def _batched_executable(self, rows: int) -> Executable:
+    def _batched_executable(self, rows: int) -> Executable | None:
         """The executable of batched decode: the decoder graph without the last-row rewrite (every row's logits),
-        compiled on first use with the session's store and streaming options and a KV state bound."""
-        if self._batch_exe is None:
-            from uaii.backends.kv_book import KVBatch
+        compiled on first use (again for more rows than it was laid out for) with the session's store and
+        streaming options and a KV state bound. Under a budget what it allocates beyond the session's executable
+        (:func:`uaii.runtime.budget.executable_extra`) must fit beside what the session holds; when it does not,
+        it is closed and None returned for good: decode runs one pass per sequence (warned once)."""
+        if self._batch_exe is not None and rows <= self._batch_rows:
+            return self._batch_exe
+        from uaii.backends.kv_book import KVBatch
 
-            caps = self.backend.capabilities
-            self._batch_exe = self.backend.compile(
-                self._bundle.graph, None, self._store,
-                **compile_options(caps, self.options, self._device_kw, max_tokens=max(rows, BATCH_ROWS)))
-            self._kv_batch = KVBatch()
-        return self._batch_exe
+        self._drop_batch()
+        rows = max(rows, BATCH_ROWS)
+        exe = self.backend.compile(self._bundle.graph, None, self._store,
+                                   **compile_options(self.backend.capabilities, self.options, self._device_kw,
+                                                     max_tokens=rows))
+        limit = self._budget_limit()
+        if limit and self._exe is not None:
+            extra = executable_extra(self._exe.memory(), exe.memory(), self._shared_staging())
+            room = limit - self.memory_bytes()
+            if extra > room:
+                exe.close()
+                self._batch_refused = True
+                log.warning("[runtime] batched decode needs %d more bytes than the budget leaves (%d of %d); "
+                            "decoding one sequence per pass", extra, max(room, 0), limit)
+                return None
+            self._batch_extra = extra
+        self._batch_exe, self._batch_rows, self._kv_batch = exe, rows, KVBatch()
+        return exe
+
+    def _drop_batch(self) -> None:
+        """Close the batched executable (before compiling it for more rows, or when the session closes)."""
+        if self._batch_exe is not None:
+            self._batch_exe.close()
+        self._batch_exe, self._batch_rows, self._batch_extra = None, 0, 0
 
     def _seq_resync(self, seq: Sequence) -> None:
         """``seq``'s state and tokens agree again after a pass that did not finish (Session._resync's rule)."""

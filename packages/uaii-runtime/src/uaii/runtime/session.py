@@ -107,12 +107,13 @@ class Session(SequencesMixin):
         if not b.generative and o.kv_positions != "absolute":
             raise SessionError(f"[runtime] option kv_positions={o.kv_positions!r} needs a decoder with a KV cache; "
                                f"{b.path.name} has none")
-        self.plan, self.plan_cache_hit = self._plan(graph, o.budget_bytes)
+        # the budget less the KV states of options.sequences sequences (SequencesMixin._reserved_plan)
+        self.plan, self.plan_cache_hit, self._own_options = self._reserved_plan(graph)
         self.state = SessionState.PLANNED
         unplanned = self._build(graph)
         if unplanned:  # the backend allocates bytes the plan does not count: plan once more without them
             self._unbuild()
-            self.plan, self.plan_cache_hit = replan(graph, self._bundle, self.options, backend=backend,
+            self.plan, self.plan_cache_hit = replan(graph, self._bundle, self._own_options, backend=backend,
                                                     context=self.context, unplanned=unplanned)
             self._build(graph, final=True)
         self.bytes_per_token = bytes_per_token(graph, b.locations, self.plan)
@@ -143,14 +144,16 @@ class Session(SequencesMixin):
                                     **compile_options(backend.capabilities, o, self._device_kw))
         if b.generative:
             self._kv = self._new_kv_state(self._exe)
-        return check_memory(backend, self._exe, self._kv, o, self.plan, enforced=bool(stream_kw), final=final)
+        return check_memory(backend, self._exe, self._kv, self._own_options, self.plan, enforced=bool(stream_kw),
+                            final=final)
 
     def _unbuild(self) -> None:
         """Give back what :meth:`_build` made (before building for another plan)."""
-        for obj in (self._exe, self._batch_exe, self._store):
+        self._drop_batch()
+        for obj in (self._exe, self._store):
             if obj is not None:
                 obj.close()
-        self._exe = self._batch_exe = self._store = self._kv = None
+        self._exe = self._store = self._kv = None
         self._stream_kw = {}
 
     @property

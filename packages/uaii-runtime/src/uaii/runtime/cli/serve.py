@@ -131,12 +131,29 @@ def _announce(ctx: Context, state: Any, sock: socket.socket, key: str | None, ge
     loaded = state.loaded.name if state.loaded is not None else None
     names = ", ".join(f"{n} (loaded)" if n == loaded else n for n in state.registry.names) or "none"
     print(f"models: {names}", file=out)
-    if state.preset is not None:
-        print(f"memory: preset {state.preset.describe()}", file=out)
+    for line in memory_lines(state):
+        print(line, file=out)
     if key is not None:
         print(f"API key{' (generated)' if generated else ''}: {key}", file=out)
         print("  clients send it as 'Authorization: Bearer KEY' (OpenAI clients: api_key=KEY)", file=out)
     out.flush()
 
 
-__all__ = ["add_parsers", "cmd_serve"]
+def memory_lines(state: Any) -> list[str]:
+    """The preset's budget, and the loaded model's effective context (``--max-context`` or the model's) with the
+    KV window only where it is smaller than the context (a window beyond the context bounds nothing)."""
+    lines = []
+    preset = state.preset
+    if preset is not None:
+        budget = presets.format_bytes(preset.budget_bytes) if preset.budget_bytes else "unlimited"
+        lines.append(f"memory: preset {preset.name} (budget {budget}, kv cache {preset.kv_dtype})")
+    session = state.loaded.session if state.loaded is not None else None
+    if session is not None and getattr(session, "context", None):
+        context = int(session.context)
+        window = int(getattr(getattr(session, "options", None), "kv_window", 0) or 0)
+        shown = f", kv window {window}" if 0 < window < context else ""
+        lines.append(f"context: {context} tokens a sequence{shown}")
+    return lines
+
+
+__all__ = ["add_parsers", "cmd_serve", "memory_lines"]

@@ -1,11 +1,11 @@
 """``create_app(state)``: the Starlette application of `uaii serve` — its routes (one list, ``ROUTES``, built by
 :func:`build_routes`), middleware and error handlers.
 
-Middleware, outermost first: CORS (only with ``--cors-origin``), request counting (/metrics), the API key (when
-the server has one), the Content-Length check (a declared body over the limit: 413 before a byte of it is read),
-then starlette's own body limit (RequestBodyLimitMiddleware: a body without a length is refused with 413 as soon as the
-bytes read pass the limit, never buffered whole) and the error handlers that give every refusal OpenAI's error
-shape (errors.py).
+Middleware, outermost first: CORS (only with ``--cors-origin``), request counting (/metrics), the browser guard
+(auth.BrowserGuard: foreign Host or Origin 403, a non-JSON API POST 415), the API key (when the server has one), the
+Content-Length check (a declared body over the limit: 413 before a byte of it is read), then starlette's own body
+limit (RequestBodyLimitMiddleware: a body without a length is refused with 413 as soon as the bytes read pass the
+limit, never buffered whole) and the error handlers that give every refusal OpenAI's error shape (errors.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import metrics
-from .auth import ApiKeyMiddleware
+from .auth import ApiKeyMiddleware, BrowserGuard
 from .dashboard import dashboard_routes
 from .embeddings import embedding_routes
 from .errors import EXCEPTION_HANDLERS, error_response
@@ -83,6 +83,7 @@ def build_middleware(state: ServerState) -> list[Middleware]:
         stack.append(Middleware(CORSMiddleware, allow_origins=list(state.cors_origins), allow_methods=["*"],
                                 allow_headers=["*"]))
     stack.append(Middleware(metrics.MetricsMiddleware, metrics=state.metrics))
+    stack.append(Middleware(BrowserGuard, keyless=not state.api_key, cors_origins=state.cors_origins))
     if state.api_key:
         stack.append(Middleware(ApiKeyMiddleware, api_key=state.api_key))
     stack.append(Middleware(DeclaredLengthLimit, max_body=state.limits.max_body))

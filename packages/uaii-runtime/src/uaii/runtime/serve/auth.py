@@ -1,8 +1,16 @@
-"""The API key: when the server has one, every request but ``/health`` and the dashboard's static shell (``/``,
-``/static/...``: no data in them) must carry ``Authorization: Bearer KEY``; compared in constant time.
+"""Who may call: the API key, and the guard against web pages.
 
+The API key: when the server has one, every request but ``/health`` and the dashboard's static shell (``/``,
+``/static/...``: no data in them) must carry ``Authorization: Bearer KEY``; compared in constant time.
 :func:`api_key_for` is the start-up policy: loopback needs no key; any other bind address needs one, given
 (``--api-key``) or generated here and printed by ``uaii serve``.
+
+A keyless loopback server is still reachable from every web page the user's browser opens, so
+:class:`BrowserGuard` refuses what only a foreign page would send: a ``Host`` that is not a loopback name or the
+bound address (DNS rebinding: ``evil.example`` resolved to 127.0.0.1; only without a key, which a rebinding page
+does not have), an ``Origin`` that is neither the server's own nor a ``--cors-origin`` (403, with or without a key),
+and a POST to the API whose body is not declared ``application/json`` (415: a form or ``text/plain`` body is the
+one kind a page may send cross-origin without a CORS preflight).
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -79,4 +88,80 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-__all__ = ["ApiKeyMiddleware", "api_key_for", "bearer", "is_loopback", "is_open", "key_matches"]
+JSON_PREFIXES = ("/v1/", "/api/", "/tokenize", "/detokenize")  # POSTs whose body must be application/json
+
+
+def split_host(authority: str) -> tuple[str, str]:
+    """``host[:port]`` or ``[v6][:port]`` -> (host lower-cased, without brackets; port or "")."""
+    authority = authority.strip().lower()
+    if authority.startswith("["):
+        host, _, rest = authority[1:].partition("]")
+        return host, rest.removeprefix(":")
+    host, _, port = authority.partition(":")
+    return host, port
+
+
+def host_allowed(host_header: str, bound: str | None) -> bool:
+    """A Host a browser sends only when it meant this machine: a loopback address or name, or the bound address
+    (any port). A name that merely resolves to 127.0.0.1 (DNS rebinding) is not one of them."""
+    host, _ = split_host(host_header)
+    return bool(host) and (is_loopback(host) or (bound is not None and host == bound.strip("[]").lower()))
+
+
+def origin_allowed(origin: str, host_header: str, cors_origins: tuple[str, ...]) -> bool:
+    """The server's own origin (the page it served: same host and port, whatever the scheme a TLS proxy shows)
+    or one named by --cors-origin. ``null`` (sandboxed frames, files) is neither."""
+    if origin.rstrip("/") in {o.rstrip("/") for o in cors_origins}:
+        return True
+    scheme, sep, authority = origin.partition("://")
+    if not sep or not scheme or not authority:
+        return False
+    given, port = split_host(authority)
+    own, own_port = split_host(host_header)
+    default = {"http": "80", "https": "443"}.get(scheme.lower(), "")
+    return given == own and (port or default) == (own_port or default)
+
+
+def is_json(content_type: str) -> bool:
+    return content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+class BrowserGuard:
+    """403 for a foreign Host (keyless servers) or Origin, 415 for an API POST that is not JSON; see the module
+    docstring for why. Outside the API key check: a page is refused before its lack of a key is."""
+
+    def __init__(self, app: ASGIApp, keyless: bool, cors_origins: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.keyless = keyless
+        self.cors_origins = tuple(cors_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> Any:
+        headers = Headers(scope=scope)
+        host, origin = headers.get("host", ""), headers.get("origin")
+        bound = (scope.get("server") or (None,))[0]
+        if self.keyless and not host_allowed(host, bound):
+            return error_response(403, f"[serve] Host {host[:80]!r} is not this machine's (a loopback address "
+                                       "or name); a server without an API key answers only those (give "
+                                       "--api-key to serve other names)", "host_not_allowed")
+        if origin is not None and not origin_allowed(origin, host, self.cors_origins):
+            return error_response(403, f"[serve] requests from the web page at {origin[:80]!r} are not allowed "
+                                       "(allow an origin with uaii serve --cors-origin)", "origin_not_allowed")
+        path = scope["path"]
+        if scope["method"] == "POST" and path.startswith(JSON_PREFIXES) and not is_json(
+                headers.get("content-type", "")):
+            found = headers.get("content-type") or "none"
+            return error_response(415, f"[serve] POST {path} needs 'Content-Type: application/json', found "
+                                       f"{found[:80]!r}", "unsupported_media_type")
+        return None
+
+
+__all__ = ["ApiKeyMiddleware", "BrowserGuard", "api_key_for", "bearer", "host_allowed", "is_json", "is_loopback",
+           "is_open", "key_matches", "origin_allowed"]

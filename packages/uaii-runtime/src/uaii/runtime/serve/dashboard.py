@@ -306,18 +306,18 @@ async def api_bench(request: Request) -> Response:
 
     state = _state(request)
     body = await _json_body(request)
-    loaded = state.loaded
-    if loaded is None:
+    if state.loaded is None:
         raise ApiError(409, "[serve] no model is loaded; load one first (POST /api/load)", code="model_not_loaded")
-    if not loaded.generative:
-        raise ApiError(409, f"[serve] {loaded.name} does not generate (an encoder): uaii bench measures generation",
-                       code="model_not_generative")
-    prompt, gen = _bench_sizes(body, int(getattr(loaded.session, "context", 0) or 0))
-    t0 = time.perf_counter()
-    try:
-        res = await run_in_threadpool(run_bench, loaded.session, prompt_tokens=prompt, gen_tokens=gen, warmup=1)
-    except UaiiError as exc:
-        raise ApiError(409, f"[serve] the bench of {loaded.name} failed: {exc}", code="bench_failed") from None
+    async with state.use_model(None) as loaded:  # leased: no load or unload closes it under the bench
+        if not loaded.generative:
+            raise ApiError(409, f"[serve] {loaded.name} does not generate (an encoder): uaii bench measures "
+                                "generation", code="model_not_generative")
+        prompt, gen = _bench_sizes(body, int(getattr(loaded.session, "context", 0) or 0))
+        t0 = time.perf_counter()
+        try:
+            res = await run_in_threadpool(run_bench, loaded.session, prompt_tokens=prompt, gen_tokens=gen, warmup=1)
+        except UaiiError as exc:
+            raise ApiError(409, f"[serve] the bench of {loaded.name} failed: {exc}", code="bench_failed") from None
     return JSONResponse({"model": loaded.name, "wall_s": time.perf_counter() - t0, **res,
                          "device": getattr(getattr(loaded.session, "backend", None), "name", None)})
 

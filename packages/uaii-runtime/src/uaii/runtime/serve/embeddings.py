@@ -50,13 +50,11 @@ def _run(session: Any, body: EmbeddingRequest) -> tuple[np.ndarray, int]:
         dim = embedder_dim(session)
         if body.dimensions is not None and body.dimensions != dim:
             raise ApiError(400, f"'dimensions' is {body.dimensions}, but the model gives {dim}-dimensional "
-                                "embeddings (they are not truncated)", param="dimensions")
+                                "embeddings (they are not truncated)", code="invalid_value", param="dimensions")
         ids = token_lists(session, body.input)
         return embed_tokens(session, ids), sum(len(row) for row in ids)
-    except EmbeddingError as exc:
-        raise ApiError(400, str(exc), code="invalid_value", param="input") from None
-    except SessionError as exc:  # no tokenizer for a text, not an embedding model, closed by an unload
-        raise ApiError(400, str(exc), code="invalid_value", param="input") from None
+    except (EmbeddingError, SessionError) as exc:  # SessionError: no tokenizer for a text, closed by an unload
+        raise ApiError.of(400, exc, code="invalid_value", param="input") from None
 
 
 def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
@@ -68,8 +66,8 @@ def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:
 async def create_embeddings(request: Request) -> Response:
     body = parse(EmbeddingRequest, await request.body())
     state: ServerState = request.app.state.uaii
-    loaded = await run_in_threadpool(state.model_for, body.model)
-    vectors, tokens = await run_in_threadpool(_run, loaded.session, body)
+    async with state.use_model(body.model) as loaded:  # leased: no load or unload closes it meanwhile
+        vectors, tokens = await run_in_threadpool(_run, loaded.session, body)
     data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
     return JSONResponse({"object": "list", "data": data, "model": loaded.name,

@@ -22,7 +22,8 @@ log = logging.getLogger("uaii.serve")
 # HTTP status -> OpenAI's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "invalid_request_error", 405: "invalid_request_error", 409: "conflict_error",
-               413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+               413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error",
+               500: "server_error", 503: "server_error"}
 
 
 class ServeError(UaiiError):
@@ -32,13 +33,23 @@ class ServeError(UaiiError):
 
 
 class ApiError(ServeError):
-    """A request the server refuses, with the HTTP status and the OpenAI ``code``/``param`` it is reported with."""
+    """A request the server refuses, with the HTTP status and the OpenAI ``code``/``param`` it is reported with.
+    A 400 without a more specific code is ``invalid_value``: clients branch on the code, so none goes without."""
 
     def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.code = code
+        self.code = code if code is not None or status != 400 else "invalid_value"
         self.param = param
+
+    @classmethod
+    def of(cls, status: int, exc: Exception, *, code: str | None = None, param: str | None = None) -> ApiError:
+        """``exc`` (another component's error, ``[embedding] ...``) as the server's refusal: the message starts
+        with ``[serve]`` as every refusal does, and keeps what the component said."""
+        text = str(exc)
+        if text.startswith("[") and "] " in text:
+            text = text.split("] ", 1)[1]
+        return cls(status, f"[serve] {text}", code=code, param=param)
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:

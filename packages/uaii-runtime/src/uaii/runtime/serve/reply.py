@@ -6,6 +6,10 @@ asked), one chunk with the ``finish_reason``, and — with ``stream_options.incl
 ``choices: []`` and the usage; every other chunk has ``usage: null``. The chunk with the finish reason and the
 whole body also carry ``timings`` (time to first token, decode tokens/s), as llama-server's replies do; clients
 ignore fields they do not know.
+
+A request the engine ended without a finish reason — its model unloaded or the server stopping, not its client
+leaving — has no reply to give: the body is a 503 (``code: "model_unloaded"``), a stream ends with an error frame
+before ``[DONE]`` (:meth:`Reply.cut_short`), never a quiet ``finish_reason: "stop"``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import uuid
 from typing import Any
 
 from uaii.runtime import __version__ as _version
+
+from .errors import ApiError, error_body
 
 
 def system_fingerprint() -> str:
@@ -62,6 +68,7 @@ class Reply:
         self.include_usage = include_usage
         self.offset = text_start
         self.usage: Any = None
+        self.finished = False  # a chunk with the finish reason went out
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -114,11 +121,22 @@ class Reply:
         if event.text or (token and self.logprobs):
             out.append(self._chunk(event.text, self._logprobs([event]) if token else None, None))
         if event.finish_reason is not None:
+            self.finished = True
             self.usage = event.usage
             last = self._chunk(None, None, event.finish_reason)
             last["timings"] = timings_of(event.usage)
             out.append(last)
         return out
+
+    def cut_short(self) -> ApiError:
+        """The error of a request the engine ended before its finish reason (see the module docstring)."""
+        return ApiError(503, f"the request on {self.model!r} ended before its reply was complete: the model "
+                             "was unloaded or the server is stopping; retry it", code="model_unloaded")
+
+    def cut_short_frame(self) -> dict[str, Any]:
+        """:meth:`cut_short` as a stream's error frame (``data: {"error": {...}}``, as OpenAI sends mid-stream)."""
+        exc = self.cut_short()
+        return error_body(exc.status, str(exc), exc.code)
 
     def closing(self) -> list[dict[str, Any]]:
         if not self.include_usage:
@@ -130,8 +148,9 @@ class Reply:
     def response(self, events: list[Any]) -> dict[str, Any]:
         text = "".join(e.text for e in events)
         final = next((e for e in reversed(events) if e.finish_reason is not None), None)
-        finish = final.finish_reason if final is not None else "stop"
-        usage = final.usage if final is not None else None
+        if final is None:
+            raise self.cut_short()
+        finish, usage = final.finish_reason, final.usage
         logprobs = self._logprobs(events)
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},

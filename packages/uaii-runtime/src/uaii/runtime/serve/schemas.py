@@ -1,15 +1,18 @@
 """Request bodies of the OpenAI-compatible routes as pydantic models, and pydantic's complaints made readable.
 
 Strict types (``"max_tokens": "5"`` is refused, as is ``"stream": 1``), unknown fields ignored (clients send
-extras: ``user``, ``frequency_penalty: 0`` ...). Every failure becomes one 400 ``invalid_request_error`` naming the
-field, what was expected and what was found (:func:`parse`).
+extras: ``user``, ``frequency_penalty: 0``, ``logit_bias``, ``tools`` ...), and ``null`` for an optional field is
+its default (clients serialize unset fields as null: ``"stream": null``, ``"echo": null``). Every failure becomes
+one 400 ``invalid_request_error`` naming the field, what was expected and what was found (:func:`parse`); what
+OpenAI accepts but this server cannot do (``response_format`` json, ``tool_choice`` "required", image parts) is a
+400 ``unsupported_parameter`` naming the field, never silently ignored.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ApiError
 
@@ -23,23 +26,36 @@ Stop = str | Annotated[list[str], Field(max_length=MAX_STOP)] | None
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """``null`` for a field that has a default means the default (openai-python and LangChain send unset
+        fields as null); a required field stays required."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
 
 class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Body):
+    """One part of a message's content. Only ``text`` parts are served; another type (``image_url``,
+    ``input_audio``) is refused by :func:`check_chat` with the part's place, not by a type mismatch here."""
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text or "" for part in self.content)
         return self.content or ""
 
 
@@ -51,11 +67,13 @@ class _Generation(_Body):
     stream_options: StreamOptions | None = None
     stop: Stop = None
     max_tokens: int | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    seed: Annotated[int, Field(ge=0)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None  # 0: the top token only
+    seed: int | None = None  # negative: a fresh random seed (llama.cpp's -1)
     n: int | None = None
     ignore_eos: bool = False  # llama-server's extension: generate max_tokens whatever the model says
+    response_format: dict[str, Any] | None = None  # only {"type": "text"}
+    tool_choice: str | dict[str, Any] | None = None  # tools are ignored: only "none"/"auto" (nothing is called)
 
     @field_validator("n")
     @classmethod
@@ -63,6 +81,22 @@ class _Generation(_Body):
         if n is not None and n != 1:
             raise ValueError("only n=1 is supported (this server generates one choice per request)")
         return n
+
+    @model_validator(mode="after")
+    def _served(self) -> _Generation:
+        """OpenAI's fields this server cannot honour are refused by name (code ``unsupported_parameter``)."""
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise ApiError(400, f"'response_format' {kind!r} is not supported; only {{'type': 'text'}} (free text)",
+                           code="unsupported_parameter", param="response_format")
+        if self.tool_choice not in (None, "none", "auto"):
+            shown = self.tool_choice if isinstance(self.tool_choice, str) else "a named function"
+            raise ApiError(400, f"'tool_choice' {shown!r} is not supported: this server does not call tools "
+                                "('tools' are ignored; tool_choice may be 'none' or 'auto')",
+                           code="unsupported_parameter", param="tool_choice")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        return self
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -80,6 +114,18 @@ class ChatRequest(_Generation):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @model_validator(mode="after")
+    def _text_parts_only(self) -> ChatRequest:
+        for i, message in enumerate(self.messages):
+            for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
+                where = f"messages.{i}.content.{j}"
+                if part.type != "text":
+                    raise ApiError(400, f"'{where}' is a {part.type!r} part; only text content parts are supported",
+                                   code="unsupported_parameter", param=where)
+                if part.text is None:
+                    raise ApiError(400, f"'{where}.text' is required in a text part", param=f"{where}.text")
+        return self
+
 
 class CompletionRequest(_Generation):
     prompt: str | list[int] | list[str] | list[list[int]]
@@ -90,6 +136,16 @@ class CompletionRequest(_Generation):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def one_prompt(self) -> str | list[int]:
+        """The prompt: a text or token ids, unpacked from a list of one (a list of several is a 400)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise ApiError(400, f"one prompt per request is supported, found a list of {len(prompt)}",
+                               param="prompt")
+            return cast(str | list[int], prompt[0])
+        return cast(str | list[int], prompt)
 
 
 class TokenizeRequest(_Body):
@@ -153,6 +209,8 @@ def readable(exc: ValidationError) -> str:
 def _line(where: str, error: Any) -> str:
     if error["type"] == "missing":
         return f"'{where}' is required"
+    if error["type"] == "finite_number":
+        return f"'{where}' must be a finite number, found {error.get('input')!r}"
     msg = str(error["msg"]).removeprefix("Value error, ")
     line = f"'{where}': {msg[0].lower() + msg[1:]}"
     shows_input = error["type"].endswith("_type") or error["type"] in {"literal_error", "enum"}

@@ -5,6 +5,10 @@ One model is loaded at a time. A request naming another model loads it (after un
 request is in flight, else it is refused with 409 (the loaded model keeps serving); while a load runs, /health
 says 503 and other loads are refused with 503. Loading is blocking (seconds): handlers call :meth:`ServerState.load`
 through a worker thread, never on the event loop.
+
+"In flight" is counted by leases: a request takes one (:meth:`ServerState.lease`, :meth:`ServerState.use_model`)
+when it finds its model and gives it back when it ends — a stream when its SSE generator ends — so the model cannot
+be closed under it between finding it, tokenizing its prompt and submitting it (a load or unload meanwhile is 409).
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from uaii.ir import UaiiError
 from uaii.runtime.presets import MiB, Preset
@@ -57,6 +64,7 @@ class LoadedModel:
     engine: Any | None
     created: int = field(default_factory=lambda: int(time.time()))
     load_s: float = 0.0
+    leases: int = 0  # requests holding the model (Lease); changed under the ServerState's lock
 
     @property
     def name(self) -> str:
@@ -72,8 +80,10 @@ class LoadedModel:
         return dict(self.engine.stats()) if self.engine is not None else {}
 
     def busy(self) -> bool:
-        """Whether generation requests are in flight. An encoder's embedding requests are not counted: each holds
-        the session's guard while it runs, and closing the session waits for it (an unload never cuts one)."""
+        """Whether requests are in flight: leases held (every route that uses the model takes one, embeddings and
+        the bench included), or requests in the engine (one submitted to it directly)."""
+        if self.leases:
+            return True
         stats = self.stats()
         return bool(stats.get("requests_active", 0) or stats.get("requests_queued", 0))
 
@@ -83,6 +93,28 @@ class LoadedModel:
                 self.engine.close()
         finally:
             self.session.close()
+
+
+class Lease:
+    """One request's hold on the loaded model (see the module docstring): ``model`` stays open until
+    :meth:`release`, which is idempotent (a stream may end by several paths) and also runs on leaving a ``with``."""
+
+    def __init__(self, lock: threading.Lock, model: LoadedModel) -> None:
+        self._lock = lock
+        self.model = model
+        self._held = True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._held:
+                self._held = False
+                self.model.leases -= 1
+
+    def __enter__(self) -> LoadedModel:
+        return self.model
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def default_engine_factory(session: Any, max_sequences: int) -> Any:
@@ -132,10 +164,16 @@ class ServerState:
     def load(self, name: str) -> LoadedModel:
         """The model ``name`` loaded (unloading another one first); 404 unknown, 409 others' requests in flight,
         503 another load under way. Blocking: call it from a worker thread in async code."""
+        return self._load(name, lease=False)
+
+    def _load(self, name: str, *, lease: bool) -> LoadedModel:
+        """:meth:`load`; with ``lease`` the model's lease count is raised in the same critical section that finds
+        or installs it, so no other request can unload it in between (the caller wraps it in a :class:`Lease`)."""
         entry = self.registry.get(name)
         with self._lock:
             current = self.loaded
             if current is not None and current.name == entry.name:
+                current.leases += int(lease)
                 return current
             if self.loading is not None:
                 raise ApiError(503, f"the model {self.loading!r} is loading; retry when GET /health says ok",
@@ -155,11 +193,14 @@ class ServerState:
                 self.loading = None
         with self._lock:
             self.loaded = loaded
+            loaded.leases += int(lease)
         return loaded
 
     def _open(self, entry: ModelEntry) -> LoadedModel:
         t0 = time.perf_counter()
-        session = self._session_factory(str(entry.path), **self.session_options)
+        # a budget keeps room for the KV states of the engine's sequences (SessionOptions.sequences)
+        options = {"sequences": self.limits.max_sequences, **self.session_options}
+        session = self._session_factory(str(entry.path), **options)
         try:  # an encoder gets no engine (the Engine generates, and refuses one): it serves /v1/embeddings only
             engine = (self._engine_factory(session, self.limits.max_sequences)
                       if getattr(session, "generative", True) else None)
@@ -182,22 +223,32 @@ class ServerState:
         current.close()
         return current.name
 
-    def model_for(self, name: object) -> LoadedModel:
-        """The loaded model a request for ``name`` runs on: the current one when it has that name (or the request
-        names none), else ``name`` loaded now (see :meth:`load`). Blocking when it loads."""
-        current = self.loaded
+    def lease(self, name: object) -> Lease:
+        """A lease on the model a request for ``name`` runs on: the current one when it has that name (or the
+        request names none), else ``name`` loaded now (see :meth:`load`). Blocking when it loads. The model stays
+        open until the lease is released; release it when the request ends (``with`` does)."""
         if name is None or name == "":
-            if current is None and self.loading is not None:
-                raise ApiError(503, f"the model {self.loading!r} is loading; retry when GET /health says ok",
-                               code="model_loading")
-            if current is None:
-                raise ApiError(400, "no model is loaded; name one in the request's 'model' field "
-                                    f"({', '.join(self.registry.names)})", code="model_not_loaded", param="model")
-            return current
-        entry = self.registry.get(name)
-        if current is not None and current.name == entry.name:
-            return current
-        return self.load(entry.name)
+            with self._lock:
+                current = self.loaded
+                if current is None and self.loading is not None:
+                    raise ApiError(503, f"the model {self.loading!r} is loading; retry when GET /health says ok",
+                                   code="model_loading")
+                if current is None:
+                    raise ApiError(400, "no model is loaded; name one in the request's 'model' field "
+                                        f"({', '.join(self.registry.names)})", code="model_not_loaded",
+                                   param="model")
+                current.leases += 1
+            return Lease(self._lock, current)
+        return Lease(self._lock, self._load(self.registry.get(name).name, lease=True))
+
+    @asynccontextmanager
+    async def use_model(self, name: object) -> AsyncIterator[LoadedModel]:
+        """:meth:`lease` for async handlers: found (or loaded) in a worker thread, released on leaving."""
+        lease = await anyio.to_thread.run_sync(self.lease, name)
+        try:
+            yield lease.model
+        finally:
+            lease.release()
 
     def health(self) -> str:
         """``ok`` (serving or ready to load), ``loading``."""
@@ -210,4 +261,4 @@ class ServerState:
             current.close()
 
 
-__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_MAX_SEQUENCES", "Limits", "LoadedModel", "ServerState"]
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_MAX_SEQUENCES", "Lease", "Limits", "LoadedModel", "ServerState"]
