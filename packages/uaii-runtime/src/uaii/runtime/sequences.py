@@ -41,6 +41,20 @@ _ids = itertools.count(1)
 BATCH_ROWS = 8  # rows the batched executable's arena is first laid out for (it grows when a batch is larger)
 
 
+def agree(kv: Any, tokens: list[int]) -> None:
+    """Make a KV state and the token list it should hold agree after a pass that did not finish: the state ran
+    ahead (truncated to the tokens), or cannot rewind, or reset itself mid-way (both emptied; ``tokens`` is cut in
+    place). The one rule of the session's own state and of every sequence's."""
+    n = len(tokens)
+    if kv.length > n:
+        try:
+            kv.truncate(n)
+        except Exception:  # a window that dropped those tokens cannot rewind: both start over
+            kv.reset()
+    if kv.length < n:
+        del tokens[kv.length:]
+
+
 @dataclass(eq=False)
 class Sequence:
     """A sequence's KV state and its tokens (made by ``Session.new_sequence``; use through the session only).
@@ -369,17 +383,8 @@ class SequencesMixin:
 
     def _seq_resync(self, seq: Sequence) -> None:
         """``seq``'s state and tokens agree again after a pass that did not finish (Session._resync's rule)."""
-        kv = seq.state
-        if kv is None:
-            return
-        n = len(seq.tokens)
-        if kv.length > n:
-            try:
-                kv.truncate(n)
-            except Exception:  # a window that dropped those tokens cannot rewind: both start over
-                kv.reset()
-        if kv.length < n:
-            del seq.tokens[kv.length:]
+        if seq.state is not None:
+            agree(seq.state, seq.tokens)
 
     def _rewind(self, seq: Sequence, n: int) -> None:
         """Back to its first ``n`` tokens (undoing a call's pass on it)."""
@@ -394,4 +399,4 @@ class SequencesMixin:
         self._kv_batch = None
 
 
-__all__ = ["Sequence", "SequencesMixin"]
+__all__ = ["Sequence", "SequencesMixin", "agree"]

@@ -42,7 +42,7 @@ from uaii.runtime.options import SessionOptions
 from uaii.runtime.planning import kv_slots, replan, session_plan
 from uaii.runtime.results import GenerationResult, GenerationStats, ModelInfo, SessionState, peak_rss_bytes
 from uaii.runtime.rewrite import last_token_logits
-from uaii.runtime.sequences import SequencesMixin
+from uaii.runtime.sequences import SequencesMixin, agree
 
 if TYPE_CHECKING:
     from uaii.backends.base import Backend, Executable, KVStateLike
@@ -348,17 +348,9 @@ class Session(SequencesMixin):
         """Make the history and the KV state agree again after a pass that did not finish (the state ran ahead:
         it is truncated; a state that cannot rewind, or that reset itself mid-way, empties both). Cheap enough to
         run before every call too, which catches an interrupt that hit this very repair."""
-        kv = self._kv
-        if kv is None:
+        if self._kv is None:
             return
-        n = len(self._history)
-        if kv.length > n:
-            try:
-                kv.truncate(n)
-            except Exception:  # a window that dropped those tokens cannot rewind: both start over
-                kv.reset()
-        if kv.length < n:
-            del self._history[kv.length:]
+        agree(self._kv, self._history)
         if self._prompt_logits is not None and self._prompt_logits[0] > len(self._history):
             self._prompt_logits = None  # the tokens those logits came from are gone from the cache
 
