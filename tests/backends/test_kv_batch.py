@@ -227,6 +227,22 @@ def test_the_executable_holds_no_state_after_its_run() -> None:
     assert [ref() for ref in gone] == [None, None]
 
 
+def test_rows_move_and_are_replaced_in_one_binding() -> None:
+    """The cached attention reads each row's cache through per-binding pointer tables (ops_fast.RowTables, rewritten
+    only for rows whose sequence changed): the same 3-row binding with its rows reordered, then one replaced by a
+    new sequence — every row's bits as alone — and the tables keep no released sequence's cache alive."""
+    exe = _exe("q8_0")
+    pairs = [_prefill(exe, p, dtype=dt) for p, dt in zip(PROMPTS, ["f32", "f16", "f32", "f16"], strict=True)]
+    batch = _decode(exe, pairs[:3], 2)
+    _decode(exe, [pairs[2], pairs[0], pairs[1]], 2, batch)
+    gone = weakref.ref(pairs[1][0].k[0])
+    pairs[1] = _prefill(exe, [8, 1, 8, 1], dtype="f16")
+    _decode(exe, [pairs[2], pairs[1], pairs[0]], 2, batch)
+    _decode(exe, [pairs[2], pairs[3], pairs[0]], 2, batch)
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_state_of_another_executable_is_refused() -> None:
     exe = _exe()
     narrow = _exe(dims=Dims(d=64, heads=4, kv=1, head_dim=16, ff=96, vocab=50))

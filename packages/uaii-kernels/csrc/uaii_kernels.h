@@ -101,6 +101,17 @@ int uk_attention(const float *q, const void *k, const void *v, float *out, int64
                  int64_t hkv, int64_t d, int64_t dv, int64_t k_stride_s, int64_t k_stride_h, int64_t v_stride_s,
                  int64_t v_stride_h, const int32_t *q_pos, const int32_t *k_pos, float scale, int32_t window,
                  int32_t n_sink, float softcap, const float *sink_logits, int kv_type);
+/* Batched decode: row i of q [rows, hq, d] is the one new token of sequence i. Its key k_new[i] [hkv, d] and value
+   v_new[i] [hkv, dv] (float32) are written to slot used[i] of that sequence's cache (k_cache[i]: C-contiguous
+   [capacity, hkv, d], f16 when kv_type[i] is 1, rounded as numpy's float16 cast; likewise v_cache[i]), then the row
+   attends over slots 0..used[i] exactly as uk_attention(t = 1, s = used[i] + 1, q_pos[i], k_pos[i]) would, so its
+   bits are that call's whatever the other rows. One call instead of one per row: a decode step of several
+   sequences pays the call, the stores and the thread wake-up once per layer. out [rows, hq, dv]. */
+int uk_attention_rows(const float *q, const float *k_new, const float *v_new, float *out, int64_t rows,
+                      void *const *k_cache, void *const *v_cache, const int32_t *kv_type, const int64_t *used,
+                      const int32_t *const *q_pos, const int32_t *const *k_pos, int64_t hq, int64_t hkv, int64_t d,
+                      int64_t dv, float scale, int32_t window, int32_t n_sink, float softcap,
+                      const float *sink_logits);
 /* CDEF END */
 
 #ifdef __cplusplus

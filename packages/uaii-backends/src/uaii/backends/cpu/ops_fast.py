@@ -9,16 +9,18 @@ moves every step, and which sequence's cache it is — or which several, one per
 from __future__ import annotations
 
 import math
+import weakref
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from uaii.backends.cpu.bind import NULL, Bind, Step, fptr, kernel, lib, numpy_step, vptr
+from uaii.backends.cpu.bind import NULL, Bind, CacheRows, KVSlot, Step, fptr, kernel, lib, numpy_step, vptr
 from uaii.backends.cpu.memory import NodeInfo
 from uaii.backends.kv_book import rope_frequencies
 from uaii.ir import DType
 from uaii.kernels import DEQUANT_TYPES
+from uaii.kernels.native import ffi
 
 F32 = np.dtype(np.float32)
 
@@ -274,32 +276,21 @@ def _cached_attention(b: Bind, layer: int, q: np.ndarray, k: np.ndarray, v: np.n
                       scale: float, window: int, sinks: int, softcap: float) -> Step:
     """Write the new keys and values at the state's ``used`` slot and attend over its cache. The state is read
     from the binding's :class:`~uaii.backends.cpu.bind.KVSlot` when the step runs (any state of this executable's
-    layer dims; the executable checked it). Batched (a KVBatch): row ``i`` of q/k/v is one token of
-    ``states[i]``, attended with t=1 against that row's cache only — the very call a run of that row alone makes,
-    so its bits are the same."""
+    layer dims; the executable checked it). Decode rows — a KVBatch (row ``i`` of q/k/v is one token of
+    ``states[i]``) or one state's single token — are one uk_attention_rows call per layer over the binding's
+    :class:`RowTables`: each row attends with t=1 against its own cache only, the very work a uk_attention call of
+    that row alone does, so its bits are the same; one call instead of one Python-driven call per row is what lets
+    a batched step's attention amortize. A prefill chunk (t > 1 tokens of one state) calls uk_attention."""
     slot = b.state
     assert slot is not None
     t, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]
+    if slot.batched or t == 1:
+        tab = RowTables.of(b, t)
+        return kernel(lib.uk_attention_rows, fptr(q), fptr(k), fptr(v), fptr(y), t, *tab.layer(layer), hq, hkv, d,
+                      dv, scale, window, sinks, softcap, NULL)
     kss, ksh, vss, vsh = hkv * d, d, hkv * dv, dv  # the cache arrays are C-contiguous [capacity, hkv, d]
     att, pq, py = lib.uk_attention, fptr(q), fptr(y)
-    if slot.batched:
-        pqs = [pq + i * hq * d for i in range(t)]
-        pys = [py + i * hq * dv for i in range(t)]
-
-        def rows_step() -> int:
-            for i, (st, r) in enumerate(zip(slot.states, slot.rows, strict=True)):
-                kc, vc, pkc, pvc, kvt = r.layers[layer]
-                u = st.used
-                kc[u] = k[i]
-                vc[u] = v[i]
-                rc = att(pqs[i], pkc, pvc, pys[i], 1, u + 1, hq, hkv, d, dv, kss, ksh, vss, vsh, r.pqpos, r.pkpos,
-                         scale, window, sinks, softcap, NULL, kvt)
-                if rc:
-                    return int(rc)
-            return 0
-
-        return rows_step
 
     def step() -> int:
         st, r = slot.states[0], slot.rows[0]
@@ -311,6 +302,61 @@ def _cached_attention(b: Bind, layer: int, q: np.ndarray, k: np.ndarray, v: np.n
                    sinks, softcap, NULL, kvt)
 
     return step
+
+
+class RowTables:
+    """What uk_attention_rows reads of a run's decode rows, in arrays of fixed address that the binding's steps
+    point at: per layer and row the cache pointers and KV type, per row the ``used`` slot and the positions'
+    pointers. One per binding (its rows are fixed by its feed shapes), filled by a prologue step each run from
+    the :class:`~uaii.backends.cpu.bind.KVSlot`.
+
+    Why the refill is cheap: pointers are rewritten only for a row whose sequence differs from the last run's at
+    that row (a decode batch keeps its rows for many steps), recognised through weak references to its arrays —
+    so the tables never keep a released sequence's cache alive; ``used`` is rewritten every run."""
+
+    def __init__(self, slot: KVSlot, rows: int, layers: int) -> None:
+        self.slot = slot
+        self.k = np.zeros((layers, rows), np.uintp)
+        self.v = np.zeros((layers, rows), np.uintp)
+        self.kv_type = np.zeros((layers, rows), np.int32)
+        self.used = np.zeros(rows, np.int64)
+        self.q_pos = np.zeros(rows, np.uintp)
+        self.k_pos = np.zeros(rows, np.uintp)
+        self._held: list[tuple[Any, ...]] = [()] * rows  # weak references to what each row's pointers point at
+
+    @staticmethod
+    def of(b: Bind, rows: int) -> RowTables:
+        """The binding's tables (made, and their fill step added to its prologue, by its first cached Attention)."""
+        for kept in b.keep:
+            if isinstance(kept, RowTables):
+                return kept
+        assert b.state is not None
+        tab = RowTables(b.state, rows, max(b.exe.kv_layer.values()) + 1)
+        b.keep.append(tab)
+        b.prologue.append(tab.fill)
+        return tab
+
+    def layer(self, i: int) -> tuple[Any, ...]:
+        """uk_attention_rows' k_cache, v_cache, kv_type, used, q_pos and k_pos arguments for layer ``i``."""
+        return (vptr(self.k[i], "void **"), vptr(self.v[i], "void **"), vptr(self.kv_type[i], "int32_t *"),
+                vptr(self.used, "int64_t *"), vptr(self.q_pos, "int32_t **"), vptr(self.k_pos, "int32_t **"))
+
+    def fill(self) -> None:
+        for i, (st, r) in enumerate(zip(self.slot.states, self.slot.rows, strict=True)):
+            self.used[i] = st.used
+            held = self._held[i]
+            if not held or held[0]() is not r.layers[0][0] or held[1]() is not r.q_pos or held[2]() is not r.pos:
+                self._point(i, r)
+
+    def _point(self, i: int, r: CacheRows) -> None:
+        for j, (_k, _v, pk, pv, kvt) in enumerate(r.layers):
+            self.k[j, i], self.v[j, i], self.kv_type[j, i] = _address(pk), _address(pv), kvt
+        self.q_pos[i], self.k_pos[i] = _address(r.pqpos), _address(r.pkpos)
+        self._held[i] = (weakref.ref(r.layers[0][0]), weakref.ref(r.q_pos), weakref.ref(r.pos))
+
+
+def _address(p: Any) -> int:
+    return int(ffi.cast("uintptr_t", p))
 
 
 # --- embedding ---------------------------------------------------------------------------------------------
@@ -336,4 +382,4 @@ FAST = {
 }
 """op → kernel lowering (returns None when the node does not fit the kernel; numpy takes over)."""
 
-__all__ = ["FAST", "DType", "rope_inv_freq"]
+__all__ = ["FAST", "DType", "RowTables", "rope_inv_freq"]
