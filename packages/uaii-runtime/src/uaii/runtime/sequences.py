@@ -35,6 +35,7 @@ from uaii.runtime.planning import kv_slots
 
 if TYPE_CHECKING:
     from uaii.backends.base import Executable
+    from uaii.ir import Graph
 
 log = logging.getLogger("uaii.runtime")
 _ids = itertools.count(1)
@@ -53,6 +54,18 @@ def agree(kv: Any, tokens: list[int]) -> None:
             kv.reset()
     if kv.length < n:
         del tokens[kv.length:]
+
+
+
+def batch_graph(graph: Graph, options: Any) -> Graph:
+    """The graph of batched decode: every row's logits (no last-row rewrite), fused as the session's plan fuses
+    (GroupedMatMul, AddRMSNorm, SwiGLU). Why fused: unfused, SmolLM2's step runs 573 nodes instead of 424 and a
+    one-row pass costs ~1.2 ms more than the session's planned executable — the batch would pay it on every row."""
+    try:
+        from uaii.planner import PlannerOptions, fuse
+    except ImportError:  # the planner is optional: its graph as it is
+        return graph
+    return fuse(graph, PlannerOptions(enable_fusion=options.enable_fusion))
 
 
 @dataclass(eq=False)
@@ -358,7 +371,7 @@ class SequencesMixin:
 
         self._drop_batch()
         rows = max(rows, BATCH_ROWS)
-        exe = self.backend.compile(self._bundle.graph, None, self._store,
+        exe = self.backend.compile(batch_graph(self._bundle.graph, self.options), None, self._store,
                                    **compile_options(self.backend.capabilities, self.options, self._device_kw,
                                                      max_tokens=rows))
         limit = self._budget_limit()
