@@ -18,7 +18,7 @@ from uaii.kernels.testing import random_weight
 
 TYPES = sorted(K.DEQUANT_TYPES, key=lambda d: d.value)
 MODES = ("c-q8dot", "c-f32", "c-precise")
-K32 = (224, 736)               # 7 and 23 blocks: odd, past groups of 4 and of 8
+K32 = (224, 512, 736)          # 7, 16 and 23 blocks: odd, past groups of 4 and of 8; Q4_1's 16-block groups whole
 K256 = (768,)                  # 3 super-blocks
 
 
@@ -52,9 +52,10 @@ def test_each_row_of_a_small_batch_equals_the_row_alone(dt: DType, mode: str, is
 def test_simd_small_batches_match_scalar(rng: np.random.Generator) -> None:
     """The SIMD tiles of every row count against the scalar reference: mode 2 Q8_0 bit for bit (one summation order
     on every ISA, tile16_q8_0_ref), the 8-bit types to the float-order tolerance of test_gemm.py."""
-    for dt, mode in ((DType.Q8_0, "c-precise"), (DType.Q4_1, "c-q8dot"), (DType.Q4_0, "c-q8dot"),
-                     (DType.Q5_0, "c-q8dot"), (DType.Q4_K, "c-q8dot")):
-        k = 768 if dt.block_size == 256 else 736
+    cases = ((DType.Q8_0, "c-precise", 736), (DType.Q4_1, "c-q8dot", 736), (DType.Q4_0, "c-q8dot", 736),
+             (DType.Q5_0, "c-q8dot", 736), (DType.Q4_K, "c-q8dot", 768),
+             (DType.Q4_1, "c-q8dot", 512), (DType.Q4_1, "c-q8dot", 1056))   # 16 blocks; 2 x 16 + 1 (x86_gemv512)
+    for dt, mode, k in cases:
         w = K.PackedWeight.from_raw(random_weight(dt, 37, k, seed=3), dt, (37, k))
         x = rng.standard_normal((8, k)).astype(np.float32)
         with K.use_isa("scalar"):
