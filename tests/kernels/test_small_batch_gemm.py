@@ -18,7 +18,8 @@ from uaii.kernels.testing import random_weight
 
 TYPES = sorted(K.DEQUANT_TYPES, key=lambda d: d.value)
 MODES = ("c-q8dot", "c-f32", "c-precise")
-K32 = (224, 512, 736)          # 7, 16 and 23 blocks: odd, past groups of 4 and of 8; Q4_1's 16-block groups whole
+K32 = (224, 512, 576, 736)     # 7, 16, 18 and 23 blocks: odd, past groups of 4 and of 8; Q4_1's 16-block groups
+                               # whole, with the 2-block tail that pairs weight rows (x86_q41x16.inc), and longer
 K256 = (768,)                  # 3 super-blocks
 
 
@@ -54,7 +55,8 @@ def test_simd_small_batches_match_scalar(rng: np.random.Generator) -> None:
     on every ISA, tile16_q8_0_ref), the 8-bit types to the float-order tolerance of test_gemm.py."""
     cases = ((DType.Q8_0, "c-precise", 736), (DType.Q4_1, "c-q8dot", 736), (DType.Q4_0, "c-q8dot", 736),
              (DType.Q5_0, "c-q8dot", 736), (DType.Q4_K, "c-q8dot", 768),
-             (DType.Q4_1, "c-q8dot", 512), (DType.Q4_1, "c-q8dot", 1056))   # 16 blocks; 2 x 16 + 1 (x86_gemv512)
+             (DType.Q4_1, "c-q8dot", 512), (DType.Q4_1, "c-q8dot", 1056),   # 16 blocks; 2 x 16 + 1 (x86_gemv512)
+             (DType.Q4_1, "c-q8dot", 544), (DType.Q4_1, "c-q8dot", 576))    # 16 + 1, 16 + 2: tails of 2 weight rows
     for dt, mode, k in cases:
         w = K.PackedWeight.from_raw(random_weight(dt, 37, k, seed=3), dt, (37, k))
         x = rng.standard_normal((8, k)).astype(np.float32)
