@@ -131,6 +131,28 @@ def test_attention_simd_is_bit_identical_to_scalar(dtype: type, d: int, isa: str
     np.testing.assert_array_equal(K.attention(q, k, v, window=12, n_sink=2), want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(("hq", "hkv", "d", "dv", "s", "t"), [(9, 3, 64, 64, 37, 2), (10, 2, 36, 20, 30, 2),
+                                                               (8, 1, 20, 9, 9, 2), (4, 4, 64, 48, 3, 2),
+                                                               (4, 1, 64, 64, 300, 1)])
+def test_attention_gqa_heads_are_each_head_alone(dtype: type, hq: int, hkv: int, d: int, dv: int, s: int, t: int,
+                                                 isa: str, rng: np.random.Generator) -> None:
+    """The kernels score and sum the G query heads of one kv head together (each cache row read once for all G,
+    keys 4 at a time, heads 4 at a time, interleaved softmax chains): every head's bits must still be those of that
+    head alone — the same call with the kv heads repeated (G = 1) — and the scalar build's, with key counts and
+    head sizes off the blocks (tails), G over 4, sinks and soft-capping, and one kv head with enough work to wake
+    threads for one query (its G heads are then split into slices, one per thread)."""
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    k = rng.standard_normal((s, hkv, d)).astype(dtype)
+    v = rng.standard_normal((s, hkv, dv)).astype(dtype)
+    kw = {"window": 12, "n_sink": 2, "softcap": 4.0, "sinks": rng.standard_normal(hq).astype(np.float32)}
+    got = K.attention(q, k, v, **kw)
+    g = hq // hkv
+    np.testing.assert_array_equal(got, K.attention(q, np.repeat(k, g, axis=1), np.repeat(v, g, axis=1), **kw))
+    with K.use_isa("scalar"):
+        np.testing.assert_array_equal(got, K.attention(q, k, v, **kw))
+
+
 def test_attention_defaults_and_empty(rng: np.random.Generator) -> None:
     q = rng.standard_normal((3, 4, 16)).astype(np.float32)
     k = rng.standard_normal((5, 4, 16)).astype(np.float32)

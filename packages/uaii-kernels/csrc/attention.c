@@ -1,7 +1,9 @@
 /* attention.c — causal GQA attention over a KV cache (decode: t = 1; prefill: t > 1), with a sliding window,
- * StreamingLLM-style sink tokens, per-head sink logits and logit soft-capping. One (query, head) pair is a unit of
- * work: the visible rows are listed first, then scored, softmaxed and summed by one kernel call each (the kernel
- * table's dotn / wsum); scores live in a per-thread scratch buffer that grows once. uk_attention_rows runs the
+ * StreamingLLM-style sink tokens, per-head sink logits and logit soft-capping. One (query, kv head) pair is a unit
+ * of work, for the G = hq / hkv query heads that share the kv head: the visible rows are listed once, then scored for
+ * all G heads in one pass over the keys and summed in one pass over the values (the kernel table's dotn / wsum: each
+ * cache row read once, not G times, each head's operations in a lone head's order, so the same bits), softmaxed per
+ * head in between; scores live in a per-thread scratch buffer that grows once. uk_attention_rows runs the
  * decode rows of several sequences (one query each, each over its own cache) in one call: every row is the unit
  * work of a uk_attention call with t = 1 on that row alone, so its bits are that call's. */
 #include <stdatomic.h>
@@ -21,49 +23,83 @@ typedef struct {                                    /* one uk_attention call's a
     int kv_f16;
 } attn_ctx;
 
-typedef struct {                                    /* the units of one parallel call: n calls of t * hq each */
+typedef struct {                          /* the units of one parallel call: n calls of t * hq / gs each */
     const attn_ctx *calls;
-    int64_t n, per;
+    int64_t n, per, gs;                           /* gs: query heads per unit, G or (too few units) a divisor */
     _Atomic int64_t next;
     _Atomic int failed;
 } attn_run;
 
-static int attend_one(const attn_ctx *c, int ith, int64_t t, int64_t h) {
-    const int64_t g = h / (c->hq / c->hkv);
-    const float *q = c->q + (t * c->hq + h) * c->d;
-    float *o = c->out + (t * c->hq + h) * c->dv;
-    float *sc = uk_scratch(ith, (size_t)c->s * 8 + 64);
-    if (!sc) return 1;
-    int32_t *idx = (int32_t *)(sc + c->s);
+/* The rows visible from query t, in slot order (branch-free: the test is a coin flip under a window or a ring);
+   returns how many. */
+static int64_t attn_visible(const attn_ctx *c, int64_t t, int32_t *idx) {
     const int64_t qp = c->q_pos ? c->q_pos[t] : c->s - c->t + t;
-    int64_t nv = 0;                                     /* the visible cache rows, in slot order */
+    int64_t nv = 0;
     for (int64_t s = 0; s < c->s; s++) {
         const int64_t kp = c->k_pos ? c->k_pos[s] : s;
-        if (kp < 0 || kp > qp) continue;
-        if (c->window > 0 && qp - kp >= c->window && kp >= c->n_sink) continue;
-        idx[nv++] = (int32_t)s;
+        const int out = (c->window > 0) & (qp - kp >= c->window) & (kp >= c->n_sink);
+        idx[nv] = (int32_t)s;
+        nv += (kp >= 0) & (kp <= qp) & !out;
     }
-    for (int64_t i = 0; i < c->dv; i++) o[i] = 0.0f;
+    return nv;
+}
+
+/* Scores -> probabilities for the nb (<= 4, a constant once inlined) heads h.. (sc: nb rows of nv), in place. The
+   heads run interleaved so that their serial max and sum chains overlap; each head's operations, in its order. */
+UK_INLINE void attn_softmax(const int nb, const attn_ctx *c, int64_t h, float *sc, int64_t nv) {
+    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sink[4];
+    for (int64_t i = 0; i < nv; i++)
+        for (int j = 0; j < nb; j++) {
+            float l = sc[j * nv + i] * c->scale;
+            if (c->softcap > 0.0f) l = c->softcap * tanhf(l / c->softcap);
+            sc[j * nv + i] = l;
+            mx[j] = l > mx[j] ? l : mx[j];
+        }
+    for (int j = 0; j < nb; j++) {
+        sink[j] = c->sinks ? c->sinks[h + j] : -INFINITY;
+        if (sink[j] > mx[j]) mx[j] = sink[j];
+        uk_kt.exp_shift(sc + j * nv, nv, mx[j]);
+    }
+    for (int64_t i = 0; i < nv; i++)
+        for (int j = 0; j < nb; j++) sum[j] += sc[j * nv + i];
+    for (int j = 0; j < nb; j++) {
+        if (c->sinks) sum[j] += expf(sink[j] - mx[j]);
+        const float inv = 1.0f / sum[j];
+        for (int64_t i = 0; i < nv; i++) sc[j * nv + i] *= inv;
+    }
+}
+
+static void attn_softmax_heads(const attn_ctx *c, int64_t h0, int64_t g, float *sc, int64_t nv) {
+    for (int64_t j = 0; j < g; j += 4) {
+        switch (g - j) {
+        case 1: attn_softmax(1, c, h0 + j, sc + j * nv, nv); break;
+        case 2: attn_softmax(2, c, h0 + j, sc + j * nv, nv); break;
+        case 3: attn_softmax(3, c, h0 + j, sc + j * nv, nv); break;
+        default: attn_softmax(4, c, h0 + j, sc + j * nv, nv); break;
+        }
+    }
+}
+
+/* One unit: query t against kv head kh, for the G query heads that share it — one visibility scan, each key and
+   value row read once for all G (the dotn / wsum kernels); every head's bits are those of that head alone. The
+   unit may be G heads h0.. of kv head kh or a slice of them (when kv heads are too few to feed the threads). */
+static int attend_group(const attn_ctx *c, int ith, int64_t t, int64_t h0, int64_t G) {
+    const int64_t kh = h0 / (c->hq / c->hkv);
+    const float *q = c->q + (t * c->hq + h0) * c->d;
+    float *o = c->out + (t * c->hq + h0) * c->dv;
+    const int64_t wide = c->d > c->dv ? c->d : c->dv;
+    float *sc = uk_scratch(ith, ((size_t)c->s * (size_t)(G + 1) + 4 * (size_t)wide) * 4 + 64);
+    if (!sc) return 1;
+    int32_t *idx = (int32_t *)(sc + c->s * G);
+    float *tmp = (float *)(idx + c->s);
+    for (int64_t i = 0; i < G * c->dv; i++) o[i] = 0.0f;
+    const int64_t nv = attn_visible(c, t, idx);
     if (nv == 0) return 0;
-    if (c->kv_f16) uk_kt.dotn_f16(c->d, q, (const uint16_t *)c->k + g * c->ksh, c->kss, idx, nv, sc);
-    else uk_kt.dotn_f32(c->d, q, (const float *)c->k + g * c->ksh, c->kss, idx, nv, sc);
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < nv; i++) {
-        float l = sc[i] * c->scale;
-        if (c->softcap > 0.0f) l = c->softcap * tanhf(l / c->softcap);
-        sc[i] = l;
-        mx = l > mx ? l : mx;
-    }
-    const float sink = c->sinks ? c->sinks[h] : -INFINITY;
-    if (sink > mx) mx = sink;
-    uk_kt.exp_shift(sc, nv, mx);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < nv; i++) sum += sc[i];
-    if (c->sinks) sum += expf(sink - mx);
-    const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < nv; i++) sc[i] *= inv;
-    if (c->kv_f16) uk_kt.wsum_f16(c->dv, sc, (const uint16_t *)c->v + g * c->vsh, c->vss, idx, nv, o);
-    else uk_kt.wsum_f32(c->dv, sc, (const float *)c->v + g * c->vsh, c->vss, idx, nv, o);
+    if (c->kv_f16) uk_kt.dotn_f16(c->d, G, q, (const uint16_t *)c->k + kh * c->ksh, c->kss, idx, nv, sc, tmp);
+    else uk_kt.dotn_f32(c->d, G, q, (const float *)c->k + kh * c->ksh, c->kss, idx, nv, sc, tmp);
+    attn_softmax_heads(c, h0, G, sc, nv);
+    if (c->kv_f16) uk_kt.wsum_f16(c->dv, G, sc, (const uint16_t *)c->v + kh * c->vsh, c->vss, idx, nv, o, tmp);
+    else uk_kt.wsum_f32(c->dv, G, sc, (const float *)c->v + kh * c->vsh, c->vss, idx, nv, o, tmp);
     return 0;
 }
 
@@ -74,16 +110,23 @@ static void attn_task(void *arg, int ith, int nth) {
         const int64_t u = atomic_fetch_add(&r->next, 1);
         if (u >= r->n * r->per) break;
         const attn_ctx *c = &r->calls[u / r->per];
-        const int64_t w = u % r->per;
-        if (attend_one(c, ith, w / c->hq, w % c->hq)) atomic_store(&r->failed, 1);
+        const int64_t w = u % r->per, blocks = c->hq / r->gs;
+        if (attend_group(c, ith, w / blocks, w % blocks * r->gs, r->gs)) atomic_store(&r->failed, 1);
     }
 }
 
-/* Runs the units of ``n`` calls; ``work`` (multiply-adds) decides whether threads are worth waking. */
-static int attn_parallel(const attn_ctx *calls, int64_t n, int64_t per, double work) {
-    attn_run r = {.calls = calls, .n = n, .per = per};
-    const int64_t units = n * per;
-    const int tasks = work < 65536.0 ? 1 : (int)UK_MIN((int64_t)uk_get_num_threads(), units);
+/* Runs the units of ``n`` calls of ``t`` queries each; ``work`` (multiply-adds) decides whether threads are worth
+   waking. A unit is one query's G heads of a kv head; when there are fewer such units than threads (one row of a
+   model with one or two kv heads), the G heads are split into the fewest equal slices that feed every thread. */
+static int attn_parallel(const attn_ctx *calls, int64_t n, int64_t t, int64_t hq, int64_t hkv, double work) {
+    const int64_t G = hq / hkv;
+    const int64_t threads = work < 65536.0 ? 1 : (int64_t)uk_get_num_threads();
+    int64_t gs = G;
+    while (gs > 1 && n * t * (hq / gs) < threads) {
+        do gs--; while (G % gs);
+    }
+    attn_run r = {.calls = calls, .n = n, .per = t * (hq / gs), .gs = gs};
+    const int tasks = (int)UK_MAX(1, UK_MIN(threads, n * r.per));
     uk_parallel_begin();
     uk_parallel_run(attn_task, &r, tasks);
     uk_parallel_end();
@@ -104,7 +147,7 @@ int uk_attention(const float *q, const void *k, const void *v, float *out, int64
                         .kss = k_stride_s, .ksh = k_stride_h, .vss = v_stride_s, .vsh = v_stride_h, .q_pos = q_pos,
                         .k_pos = k_pos, .scale = scale, .softcap = softcap, .window = window, .n_sink = n_sink,
                         .sinks = sink_logits, .kv_f16 = kv_type};
-    return attn_parallel(&c, 1, t * hq, (double)(t * hq) * (double)s * (double)(d + dv));
+    return attn_parallel(&c, 1, t, hq, hkv, (double)(t * hq) * (double)s * (double)(d + dv));
 }
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -129,6 +172,17 @@ static void attn_store(void *cache, int64_t slot, const float *x, int64_t n, int
         for (int64_t i = 0; i < n; i++) dst[i] = uk_fp32_to_fp16(x[i]);
     } else {
         memcpy((float *)cache + slot * n, x, (size_t)n * sizeof(float));
+    }
+}
+
+/* Longest rows first (insertion sort: a batch is a few rows): the threads take units in this order, so the long
+   rows start early and the short ones fill the gaps, instead of one long row starting last on one thread. */
+static void attn_longest_first(attn_ctx *calls, int64_t rows) {
+    for (int64_t i = 1; i < rows; i++) {
+        const attn_ctx c = calls[i];
+        int64_t j = i;
+        for (; j > 0 && calls[j - 1].s < c.s; j--) calls[j] = calls[j - 1];
+        calls[j] = c;
     }
 }
 
@@ -161,7 +215,8 @@ int uk_attention_rows(const float *q, const float *k_new, const float *v_new, fl
         attn_prefetch(k_cache[i], (used[i] + 1) * hkv * d * es);
         attn_prefetch(v_cache[i], (used[i] + 1) * hkv * dv * es);
     }
-    const int rc = attn_parallel(calls, rows, hq, work);
+    attn_longest_first(calls, rows);
+    const int rc = attn_parallel(calls, rows, 1, hq, hkv, work);
     free(calls);
     return rc;
 }

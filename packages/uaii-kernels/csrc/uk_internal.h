@@ -227,15 +227,17 @@ typedef struct {
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);    /* y += a x */
     void (*axpy_f16)(int64_t n, float a, const uint16_t *x, float *y);
     void (*exp_shift)(float *x, int64_t n, float shift);               /* x = exp(x - shift) */
-    /* attention rows: out[i] = q . row idx[i]; o += p[i] * row idx[i] (rows `stride` elements apart) */
-    void (*dotn_f32)(int64_t d, const float *q, const float *base, int64_t stride, const int32_t *idx, int64_t n,
-                     float *out);
-    void (*dotn_f16)(int64_t d, const float *q, const uint16_t *base, int64_t stride, const int32_t *idx,
-                     int64_t n, float *out);
-    void (*wsum_f32)(int64_t dv, const float *p, const float *base, int64_t stride, const int32_t *idx, int64_t n,
-                     float *o);
-    void (*wsum_f16)(int64_t dv, const float *p, const uint16_t *base, int64_t stride, const int32_t *idx,
-                     int64_t n, float *o);
+    /* attention rows for the g query heads of one kv head (queries q + j d, rows `stride` elements apart), each
+       cache row read once for all g: out[j n + i] = q_j . row idx[i]; o_j (o + j dv) += p[j n + i] * row idx[i],
+       in key order. tmp: 4 max(d, dv) floats of scratch (f16 rows widened once); each head's bits: a lone head's. */
+    void (*dotn_f32)(int64_t d, int64_t g, const float *q, const float *base, int64_t stride, const int32_t *idx,
+                     int64_t n, float *out, float *tmp);
+    void (*dotn_f16)(int64_t d, int64_t g, const float *q, const uint16_t *base, int64_t stride, const int32_t *idx,
+                     int64_t n, float *out, float *tmp);
+    void (*wsum_f32)(int64_t dv, int64_t g, const float *p, const float *base, int64_t stride, const int32_t *idx,
+                     int64_t n, float *o, float *tmp);
+    void (*wsum_f16)(int64_t dv, int64_t g, const float *p, const uint16_t *base, int64_t stride,
+                     const int32_t *idx, int64_t n, float *o, float *tmp);
     void (*act)(int kind, const float *x, float *y, int64_t n);
     void (*glu_row)(int kind, const float *g, const float *u, float *y, int64_t n);
     void (*rms_row)(const float *x, const float *w, float *y, int64_t n, float eps, int one);
