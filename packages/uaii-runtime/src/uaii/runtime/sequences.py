@@ -130,6 +130,7 @@ class SequencesMixin:
         def _plan(self, graph: Any, budget: int) -> tuple[Any, bool]: ...
         def _new_kv_state(self, exe: Executable) -> Any: ...
         def _check_ids(self, ids: Any) -> None: ...
+        def _chunked(self, ids: list[int], run: Callable[[list[int]], np.ndarray], on_prefill: Any) -> np.ndarray: ...
         def _vocab(self) -> int: ...
         def _next_position(self, n: int, kv: Any = None) -> int: ...
         def _run(self, feeds: Any, state: Any, exe: Executable | None = None) -> dict[str, np.ndarray]: ...
@@ -254,17 +255,8 @@ class SequencesMixin:
                 raise SessionError(f"[runtime] nothing to prefill on {seq.name}: the token list is empty")
             self.bounds.check(len(ids), seq.length)
             self._check_ids(ids)
-            step, total = self._chunk, len(ids)
-            progress = on_prefill if on_prefill is not None and total > step else None
-            if progress is not None:
-                progress(0, total)
-            logits = None
-            for start in range(0, total, step):
-                logits = self._seq_pass(seq, ids[start:start + step])
-                if progress is not None:
-                    progress(min(start + step, total), total)
-            assert logits is not None
-            return np.array(logits[-1], dtype=np.float32)
+            last = self._chunked(ids, lambda chunk: self._seq_pass(seq, chunk), on_prefill)
+            return np.array(last, dtype=np.float32)
 
     def decode(self, seqs: Iterable[Sequence], tokens: Iterable[int]) -> np.ndarray:
         """Feed one token to each sequence; return their next-token logits, float32 ``[len(seqs), vocab]`` (a copy).

@@ -301,13 +301,19 @@ class Session(SequencesMixin):
             raise SessionError("[runtime] nothing to run: the token list is empty")
         self.bounds.check(len(ids), len(self._history))
         self._check_ids(ids)
+        return self._chunked(ids, self._pass, on_prefill)
+
+    def _chunked(self, ids: list[int], run: Callable[[list[int]], np.ndarray],
+                 on_prefill: OnPrefill | None) -> np.ndarray:
+        """``run`` over ``ids`` in chunks of the prefill chunk; the last token's logits. ``on_prefill(done, total)``
+        before and after each chunk of a prefill of more than one (the session's own state and every sequence's)."""
         step, total = self._chunk, len(ids)
         progress = on_prefill if on_prefill is not None and total > step else None
         if progress is not None:
             progress(0, total)
         logits = None
         for start in range(0, total, step):
-            logits = self._pass(ids[start:start + step])
+            logits = run(ids[start:start + step])
             if progress is not None:
                 progress(min(start + step, total), total)
         assert logits is not None
