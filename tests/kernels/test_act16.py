@@ -74,6 +74,19 @@ def test_q8_0_same_bits_on_every_isa(isa: str, rng: np.random.Generator) -> None
             np.testing.assert_array_equal(K.matmul(x[:m], w, provider="c-precise"), rows[:m], err_msg=f"k={k} m={m}")
 
 
+@pytest.mark.parametrize("k", (8192, 8224))
+def test_q8_0_same_bits_at_every_pass_and_width(k: int, isa: str, rng: np.random.Generator) -> None:
+    """The AVX-512 tile16 rearranges up to 4 activation rows of at most 8192 values on the stack (x86_act16.inc):
+    batches of 5-8 rows run as passes of 3-4 rows, and wider rows take the t16_row kernel; both sides of each limit
+    give the scalar reference's bits."""
+    w = K.PackedWeight.from_raw(random_weight(DType.Q8_0, 19, k, seed=k), DType.Q8_0, (19, k))
+    x = _activations(rng, 8, k)
+    with K.use_isa("scalar"):
+        rows = np.concatenate([K.matmul(x[j:j + 1], w, provider="c-precise") for j in range(8)])
+    for m in range(1, 9):
+        np.testing.assert_array_equal(K.matmul(x[:m], w, provider="c-precise"), rows[:m], err_msg=f"k={k} m={m}")
+
+
 def test_q8_0_precise_bits_do_not_depend_on_threads(rng: np.random.Generator) -> None:
     w = K.PackedWeight.from_raw(random_weight(DType.Q8_0, 300, 640, seed=5), DType.Q8_0, (300, 640))
     x = _activations(rng, 6, 640)
