@@ -8,7 +8,9 @@
  *          Batches compute every (weight row, activation row) pair with the same float operations in the same
  *          order as a decode row, so that prefill and decode give the same bits (a model amplifies a last-bit
  *          difference layer by layer through its activation quantizers): the wide GEMV kernels run once per
- *          activation row; types with a direct dot pack a chunk of weight rows into the 8-block form
+ *          activation row; small batches (2-8 rows: batched decode steps) of the legacy types take the multi-row
+ *          dot (dotqm: each weight row unpacked once for 4 activation rows, no scratch); larger batches of the
+ *          types with a direct dot pack a chunk of weight rows into the 8-block form
  *          (x86_pack8.inc) once and run tile8 over every activation row, which repeats the dot's sums; the
  *          others (scalar, NEON) repack the chunk into the tile form (repack.c), which decode rows use too.
  *   int16 (mode 2, act16 types: Q8_0): activations as int16 blocks (uk_quantize_act16), one tile16 kernel for
@@ -65,6 +67,14 @@ static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float 
     }
     if (c->prep) {        /* wide GEMV types: all rows at once, each weight group unpacked once; every pair alike */
         uk_kt.gemmw[c->type](k, w, c->row_bytes, nr, m, c->prep, c->prep_stride, y, c->ldy);
+        return;
+    }
+    uk_dotqm_fn dotm = uk_kt.dotqm[c->type];
+    if (dotm && m > 1 && m <= SMALL_M) {         /* batched decode steps: each weight row unpacked once per 4 rows */
+        for (int64_t i = 0; i < nr; i++)
+            for (int64_t j = 0; j < m; j += 4)
+                dotm(k, w + i * c->row_bytes, (int)UK_MIN(4, m - j), c->aq + j * k, c->ad + j * nb, c->as + j * nb,
+                     y + j * c->ldy + i, c->ldy);
         return;
     }
     uk_dotq_fn dot = uk_kt.dotq[c->type];
@@ -172,7 +182,8 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));
         if (!c->prep) return UK_E_NOMEM;
-    } else if (m > GEMV_MAX_M && uk_kt.dotq[c->type] && uk_kt.pack8[c->type]) {
+    } else if (m > GEMV_MAX_M && uk_kt.dotq[c->type] && uk_kt.pack8[c->type] &&
+               !(uk_kt.dotqm[c->type] && m <= SMALL_M)) {
         c->a8_stride = (nb + 7) / 8 * UK_A8_BYTES;
         c->a8 = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->a8_stride));
         if (!c->a8) return UK_E_NOMEM;
@@ -234,7 +245,8 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     c.row_bytes = k / tr->elems * tr->bytes;
     c.path = path_code(type, tr, mode);
     const int nthreads = uk_get_num_threads();
-    if (m <= GEMV_MAX_M || (m <= SMALL_M && (c.path == PATH_INT16 || (c.path == PATH_INT && uk_kt.gemmw[type])))) {
+    if (m <= GEMV_MAX_M || (m <= SMALL_M && (c.path == PATH_INT16 ||
+                                             (c.path == PATH_INT && (uk_kt.gemmw[type] || uk_kt.dotqm[type]))))) {
         /* decode rows and small batches of the kernels that need no per-chunk scratch: enough chunks to balance,
            at least 8 rows each (long contiguous streams of cold weight bytes) */
         int64_t per = n / ((int64_t)nthreads * 8);

@@ -147,6 +147,10 @@ void uk_aprep8(int64_t k, const int8_t *aq, const float *ad, const float *as, ui
 /* --- kernel table, filled per ISA --------------------------------------------------------------------------- */
 /* direct integer GEMV: one weight row . quantized activation row */
 typedef float (*uk_dotq_fn)(int64_t k, const void *w, const int8_t *aq, const float *ad, const float *as);
+/* y[j * ldy] = dotq(w, activation row j) for j < mr (<= 4): rows k bytes (aq) and k / 32 floats (ad, as) apart; the
+   float operations of each pair are dotq's in its order (the same bits), the weight blocks unpacked once for all */
+typedef void (*uk_dotqm_fn)(int64_t k, const void *w, int mr, const int8_t *aq, const float *ad, const float *as,
+                            float *y, int64_t ldy);
 /* wide GEMV (x86_gemv512.inc): the quantized activation row rearranged once per call by gprep into at most
    UK_GPREP_BYTES(k) bytes (64-byte aligned), then gemmw over the weight rows */
 typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);
@@ -202,6 +206,7 @@ typedef void (*uk_tileh_fn)(int type, int64_t k, int nr, int mr, const uint16_t 
 typedef struct {
     uk_rows_fn dequant[UK_NTYPES];
     uk_dotq_fn dotq[UK_NTYPES];      /* NULL: repack the row and use tileq */
+    uk_dotqm_fn dotqm[UK_NTYPES];    /* small batches (batched decode steps) in dotq's order; NULL: none */
     uk_gprep_fn gprep[UK_NTYPES];    /* with gemmw: preferred over dotq and pack8; NULL: none */
     uk_qact_fn quant_act;
     uk_qact16_fn quant_act16;
