@@ -186,7 +186,7 @@ class Tensor:
 
     @classmethod
     def constant(cls, name: str, array: np.ndarray) -> Tensor:
-        arr = np.ascontiguousarray(array)
+        arr = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a scalar 1-D
         dt = DType.from_numpy(arr.dtype)
         return cls(name, dt, tuple(arr.shape), data=arr.astype(dt.numpy, copy=False).tobytes())
 

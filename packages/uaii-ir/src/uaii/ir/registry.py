@@ -278,6 +278,10 @@ def _params(schema: OpSchema, params: Iterable[Param]) -> str:
 def _props(s: OpSchema) -> str:
     flags = [f for f, on in (("elementwise", s.elementwise), ("fusible", s.fusible)) if on]
     flags += [f"in-place {i}→{o}" for i, o in s.inplace]
+    if s.value_inputs:
+        flags.append("shape from the values of " + ", ".join(s.inputs[i].name for i in s.value_inputs))
+    if s.from_shape:
+        flags.append("values from shapes")
     return ", ".join([*flags, f"cost {s.cost.name.lower()}"])
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from uaii.ir.ops import attention, elementwise, fused, index, linalg, moe, movement, norm, reduce
+from uaii.ir.ops import attention, elementwise, fused, index, linalg, logic, moe, movement, norm, reduce, shape_ops
+from uaii.ir.ops import nbits as nbits_ops
 from uaii.ir.ops.access import AccessIf, WeightAccess, WeightInput
 from uaii.ir.ops.opset import (
     ATTENTION,
     BINARY,
+    COMPARE,
     CPP_RUNTIME_OPS,
     ELEMENTWISE,
     GLU,
@@ -23,6 +25,8 @@ from uaii.ir.ops.opset import (
     MOVEMENT,
     NORM,
     REDUCE,
+    SELECT,
+    SHAPE,
     UNARY,
     Op,
 )
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
 
 BUILTIN_SCHEMAS: tuple[OpSchema, ...] = (
     *elementwise.SCHEMAS, *linalg.SCHEMAS, *norm.SCHEMAS, *reduce.SCHEMAS, *movement.SCHEMAS, *index.SCHEMAS,
-    *attention.SCHEMAS, *moe.SCHEMAS,
+    *attention.SCHEMAS, *moe.SCHEMAS, *logic.SCHEMAS, *shape_ops.SCHEMAS, *nbits_ops.SCHEMAS,
 )
 FUSED_SCHEMAS: tuple[OpSchema, ...] = fused.SCHEMAS
 """Ops the planner's fusion passes produce (not members of ``Op``); registered with the built-ins."""
@@ -65,10 +69,9 @@ def register(registry: Registry) -> None:
 
 
 __all__ = [
-    "ANY_TYPE", "ATTENTION", "BINARY", "BUILTIN_SCHEMAS", "CPP_RUNTIME_OPS", "ELEMENTWISE", "FLOATS", "FUSED_SCHEMAS",
-    "GLU",
-    "GROUPS", "INDEX", "INDEX_TYPES", "LINALG", "MOE", "MOVEMENT", "NORM", "NUMERIC", "REDUCE", "UNARY",
-    "WEIGHT_TYPES", "AccessIf", "AttrSpec", "Cost", "InferCtx", "InferError", "Op", "OpKind", "OpSchema", "Param",
-    "TensorType", "WeightAccess", "WeightInput", "bool_attr", "float_attr", "int_attr", "ints_attr", "register",
-    "str_attr",
+    "ANY_TYPE", "ATTENTION", "BINARY", "BUILTIN_SCHEMAS", "COMPARE", "CPP_RUNTIME_OPS", "ELEMENTWISE", "FLOATS",
+    "FUSED_SCHEMAS", "GLU", "GROUPS", "INDEX", "INDEX_TYPES", "LINALG", "MOE", "MOVEMENT", "NORM", "NUMERIC", "REDUCE",
+    "SELECT", "SHAPE", "UNARY", "WEIGHT_TYPES", "AccessIf", "AttrSpec", "Cost", "InferCtx", "InferError", "Op",
+    "OpKind", "OpSchema", "Param", "TensorType", "WeightAccess", "WeightInput", "bool_attr", "float_attr", "int_attr",
+    "ints_attr", "register", "str_attr",
 ]

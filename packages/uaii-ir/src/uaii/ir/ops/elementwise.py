@@ -17,6 +17,8 @@ from uaii.ir.ops.schema import (
     OpKind,
     OpSchema,
     Param,
+    ShapeFn,
+    bool_attr,
     float_attr,
     positive,
     str_attr,
@@ -51,6 +53,12 @@ EXP = _unary(Op.EXP, "Y = exp(X).")
 SQRT = _unary(Op.SQRT, "Y = sqrt(X).")
 SOFTCAP = _unary(Op.SOFTCAP, "Y = cap * tanh(X / cap): a smooth clamp to (-cap, cap) (gemma 2 soft-capping).",
                  attrs=(float_attr("cap", None, "the bound; > 0", required=True, check=positive),))
+ERF = _unary(Op.ERF, "Y = erf(X), the Gauss error function (ONNX Erf; GELU written out in exported graphs).")
+RECIPROCAL = _unary(Op.RECIPROCAL, "Y = 1 / X (0 gives inf of the sign of the zero).")
+COS = _unary(Op.COS, "Y = cos(X), X in radians.")
+SIN = _unary(Op.SIN, "Y = sin(X), X in radians.")
+ABS = _unary(Op.ABS, "Y = |X| (integers wrap: the most negative value stays itself, as in two's complement).", NUMERIC)
+LOG = _unary(Op.LOG, "Y = ln(X) (0 gives -inf, negative X NaN).")
 
 
 def _dtype_name(value: object) -> str | None:
@@ -81,12 +89,13 @@ def broadcast(ctx: InferCtx) -> Sequence[Shape | None]:
     return [broadcast_shapes(*(ctx.shape(i) for i in range(len(ctx.inputs))))]
 
 
-def _binary(op: str, formula: str) -> OpSchema:
+def _binary(op: str, formula: str, types: frozenset[DType] = NUMERIC, attrs: tuple[AttrSpec, ...] = (),
+            infer: ShapeFn = broadcast) -> OpSchema:
     return OpSchema(
         op, 1, f"C = {formula}, elementwise with NumPy broadcasting. A and B have the same dtype.",
         inputs=(Param("A", "T", "left operand"), Param("B", "T", "right operand")),
-        outputs=(Param("C", "T", "the broadcast shape of A and B"),),
-        types={"T": NUMERIC}, infer=broadcast, kind=OpKind.BINARY, elementwise=True, fusible=True,
+        outputs=(Param("C", "T", "the broadcast shape of A and B"),), attrs=attrs,
+        types={"T": types}, infer=infer, kind=OpKind.BINARY, elementwise=True, fusible=True,
         inplace=((0, 0), (1, 0)), cost=Cost.LOW)
 
 
@@ -94,6 +103,24 @@ ADD = _binary(Op.ADD, "A + B")
 SUB = _binary(Op.SUB, "A - B")
 MUL = _binary(Op.MUL, "A * B")
 DIV = _binary(Op.DIV, "A / B (integer division truncates toward zero)")
+POW = _binary(Op.POW, "A ** B (ONNX Pow over floats: a negative A with a non-integer B gives NaN, 0 ** 0 = 1)",
+              FLOAT_TYPES)
+MAX = _binary(Op.MAX, "max(A, B) (ONNX Max of two inputs; a NaN operand gives NaN)")
+MIN = _binary(Op.MIN, "min(A, B) (ONNX Min of two inputs; a NaN operand gives NaN)")
+
+
+def _mod_shape(ctx: InferCtx) -> Sequence[Shape | None]:
+    if ctx.dtype(0).is_float and not ctx.attr("fmod"):
+        ctx.fail(f"Mod of {ctx.dtype(0).value} operands needs fmod=1 (the remainder with the dividend's sign); "
+                 "fmod=0 (the divisor's sign) is defined for integers only, as in ONNX", "attr-range")
+    return broadcast(ctx)
+
+
+MOD = _binary(Op.MOD, "A mod B (ONNX Mod): with fmod=0 (integers only) the remainder takes the sign of B, as "
+              "Python's %; with fmod=1 it takes the sign of A, as C's fmod. A zero divisor is an error for integers "
+              "and gives NaN for floats",
+              attrs=(bool_attr("fmod", False, "false: sign of the divisor (integers); true: sign of the dividend"),),
+              infer=_mod_shape)
 
 
 def glu_shape(ctx: InferCtx) -> Sequence[Shape | None]:
@@ -125,4 +152,5 @@ def _glu(op: str, act: str, attrs: tuple[AttrSpec, ...] = ()) -> OpSchema:
 SWIGLU = _glu(Op.SWIGLU, "silu")
 GEGLU = _glu(Op.GEGLU, "gelu", (APPROXIMATE,))
 
-SCHEMAS = (NEG, RELU, SILU, GELU, SIGMOID, TANH, EXP, SQRT, SOFTCAP, CAST, ADD, SUB, MUL, DIV, SWIGLU, GEGLU)
+SCHEMAS = (NEG, RELU, SILU, GELU, SIGMOID, TANH, EXP, SQRT, SOFTCAP, CAST, ERF, RECIPROCAL, COS, SIN, ABS, LOG, ADD,
+           SUB, MUL, DIV, POW, MAX, MIN, MOD, SWIGLU, GEGLU)

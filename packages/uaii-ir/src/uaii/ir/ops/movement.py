@@ -57,7 +57,7 @@ RESHAPE = OpSchema(
     outputs=(Param("Y", "T", "reshaped X"),),
     attrs=(ints_attr("shape", None, "target shape; 0 = copy, -1 = infer", min=-1),),
     types={"T": ANY_TYPE, "S": INDEX_TYPES}, infer=reshape_out, kind=OpKind.MOVEMENT, inplace=((0, 0),),
-    cost=Cost.FREE, weight_access=WHOLE)
+    cost=Cost.FREE, weight_access=WHOLE, value_inputs=(1,))
 
 
 def transpose_out(ctx: InferCtx) -> Sequence[Shape | None]:

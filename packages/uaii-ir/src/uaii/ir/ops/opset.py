@@ -23,11 +23,31 @@ class Op(enum.StrEnum):
     SQRT = "Sqrt"
     SOFTCAP = "Softcap"
     CAST = "Cast"
+    ERF = "Erf"
+    RECIPROCAL = "Reciprocal"
+    COS = "Cos"
+    SIN = "Sin"
+    ABS = "Abs"
+    LOG = "Log"
+    NOT = "Not"
     # binary elementwise (numpy broadcasting)
     ADD = "Add"
     SUB = "Sub"
     MUL = "Mul"
     DIV = "Div"
+    POW = "Pow"
+    MAX = "Max"
+    MIN = "Min"
+    MOD = "Mod"
+    # comparisons (-> bool) and logic, NumPy broadcasting
+    EQUAL = "Equal"
+    LESS = "Less"
+    GREATER = "Greater"
+    LESS_OR_EQUAL = "LessOrEqual"
+    GREATER_OR_EQUAL = "GreaterOrEqual"
+    AND = "And"
+    OR = "Or"
+    XOR = "Xor"
     # gated linear units
     SWIGLU = "SwiGLU"
     GEGLU = "GeGLU"
@@ -35,6 +55,7 @@ class Op(enum.StrEnum):
     MATMUL = "MatMul"
     MATMUL_RELU = "MatMulRelu"
     GEMM = "Gemm"
+    MATMUL_NBITS = "MatMulNBits"
     # normalization
     SOFTMAX = "Softmax"
     LAYER_NORM = "LayerNorm"
@@ -43,6 +64,10 @@ class Op(enum.StrEnum):
     TOPK = "TopK"
     ARGMAX = "ArgMax"
     REDUCE_MEAN = "ReduceMean"
+    REDUCE_SUM = "ReduceSum"
+    REDUCE_MAX = "ReduceMax"
+    REDUCE_MIN = "ReduceMin"
+    CUMSUM = "CumSum"
     # movement (shape and layout)
     IDENTITY = "Identity"
     RESHAPE = "Reshape"
@@ -50,6 +75,14 @@ class Op(enum.StrEnum):
     CONCAT = "Concat"
     SPLIT = "Split"
     SLICE = "Slice"
+    # selection by a condition or by position
+    WHERE = "Where"
+    TRILU = "Trilu"
+    # shapes computed from values (data-dependent output shapes)
+    SHAPE = "Shape"
+    RANGE = "Range"
+    FILL = "Fill"
+    EXPAND = "Expand"
     # indexing
     EMBEDDING = "Embedding"
     GATHER = "Gather"
@@ -64,15 +97,24 @@ class Op(enum.StrEnum):
 
 UNARY = frozenset({
     Op.NEG, Op.RELU, Op.SILU, Op.GELU, Op.SIGMOID, Op.TANH, Op.EXP, Op.SQRT, Op.SOFTCAP, Op.CAST,
+    Op.ERF, Op.RECIPROCAL, Op.COS, Op.SIN, Op.ABS, Op.LOG, Op.NOT,
 })
-BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
-ELEMENTWISE = UNARY | BINARY
+BINARY = frozenset({
+    Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN, Op.MOD,
+    Op.EQUAL, Op.LESS, Op.GREATER, Op.LESS_OR_EQUAL, Op.GREATER_OR_EQUAL, Op.AND, Op.OR, Op.XOR,
+})
+COMPARE = frozenset({Op.EQUAL, Op.LESS, Op.GREATER, Op.LESS_OR_EQUAL, Op.GREATER_OR_EQUAL})
+"""Binary ops whose result is bool."""
+SELECT = frozenset({Op.WHERE, Op.TRILU})
+ELEMENTWISE = UNARY | BINARY | frozenset({Op.WHERE})
 GLU = frozenset({Op.SWIGLU, Op.GEGLU})
-LINALG = frozenset({Op.MATMUL, Op.MATMUL_RELU, Op.GEMM})
+LINALG = frozenset({Op.MATMUL, Op.MATMUL_RELU, Op.GEMM, Op.MATMUL_NBITS})
 NORM = frozenset({Op.SOFTMAX, Op.LAYER_NORM, Op.RMS_NORM})
-REDUCE = frozenset({Op.TOPK, Op.ARGMAX, Op.REDUCE_MEAN})
+REDUCE = frozenset({Op.TOPK, Op.ARGMAX, Op.REDUCE_MEAN, Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN, Op.CUMSUM})
 MOVEMENT = frozenset({Op.IDENTITY, Op.RESHAPE, Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE})
 INDEX = frozenset({Op.EMBEDDING, Op.GATHER})
+SHAPE = frozenset({Op.SHAPE, Op.RANGE, Op.FILL, Op.EXPAND})
+"""Ops whose output shape follows from input *values* (or, for Shape, whose values follow from an input's shape)."""
 ATTENTION = frozenset({Op.ROPE, Op.ATTENTION})
 MOE = frozenset({Op.MOE_ROUTER, Op.MOE_EXPERTS, Op.MOE_EXPERTS_SWIGLU})
 
@@ -86,11 +128,11 @@ CPP_RUNTIME_OPS = frozenset({
 
 GROUPS: dict[str, frozenset[Op]] = {
     "unary": UNARY, "binary": BINARY, "glu": GLU, "linalg": LINALG, "norm": NORM, "reduce": REDUCE,
-    "movement": MOVEMENT, "index": INDEX, "attention": ATTENTION, "moe": MOE,
+    "movement": MOVEMENT, "index": INDEX, "attention": ATTENTION, "moe": MOE, "select": SELECT, "shape": SHAPE,
 }
 """Kind name (``OpKind.value``) → the set of ops of that kind."""
 assert frozenset().union(*GROUPS.values()) == frozenset(Op), "every Op belongs to exactly one group"
 assert sum(len(g) for g in GROUPS.values()) == len(Op), "every Op belongs to exactly one group"
 
-__all__ = ["ATTENTION", "BINARY", "CPP_RUNTIME_OPS", "ELEMENTWISE", "GLU", "GROUPS", "INDEX", "LINALG", "MOE",
-           "MOVEMENT", "NORM", "REDUCE", "UNARY", "Op"]
+__all__ = ["ATTENTION", "BINARY", "COMPARE", "CPP_RUNTIME_OPS", "ELEMENTWISE", "GLU", "GROUPS", "INDEX", "LINALG",
+           "MOE", "MOVEMENT", "NORM", "REDUCE", "SELECT", "SHAPE", "UNARY", "Op"]

@@ -1,4 +1,4 @@
-"""Reductions: TopK, ArgMax and ReduceMean."""
+"""Reductions: TopK, ArgMax, ReduceMean/Sum/Max/Min, and the running sum CumSum."""
 
 from __future__ import annotations
 
@@ -83,4 +83,41 @@ REDUCE_MEAN = OpSchema(
            bool_attr("keepdims", True, "keep the reduced axes with size 1 (an int 0/1 is accepted)")),
     types={"T": FLOATS}, infer=reduce_shape, kind=OpKind.REDUCE, cost=Cost.MEDIUM)
 
-SCHEMAS = (TOPK, ARGMAX, REDUCE_MEAN)
+
+
+def _reduce(op: str, doc: str, types: frozenset[DType]) -> OpSchema:
+    return OpSchema(
+        op, 1, f"{doc} over `axes` (ONNX {op} with `axes` as an attribute, as ReduceMean): without `axes`, or with "
+        "an empty list, over every axis.",
+        inputs=(Param("X", "T", "input"),), outputs=(Param("Y", "T", "X with the reduced axes of size 1 or removed"),),
+        attrs=(ints_attr("axes", None, "the reduced axes, negative from the end, each at most once; default all"),
+               bool_attr("keepdims", True, "keep the reduced axes with size 1 (an int 0/1 is accepted)")),
+        types={"T": types}, infer=reduce_shape, kind=OpKind.REDUCE, cost=Cost.MEDIUM)
+
+
+REDUCE_SUM = _reduce(Op.REDUCE_SUM, "Sum of X (floats summed in double precision, rounded once; integers wrap; "
+                     "an empty reduction gives 0)", NUMERIC)
+REDUCE_MAX = _reduce(Op.REDUCE_MAX, "Largest value of X (NaN if any reduced value is NaN; an empty reduction gives "
+                     "-inf, or the type's minimum for integers)", NUMERIC)
+REDUCE_MIN = _reduce(Op.REDUCE_MIN, "Smallest value of X (NaN if any reduced value is NaN; an empty reduction gives "
+                     "+inf, or the type's maximum for integers)", NUMERIC)
+
+
+def cumsum_shape(ctx: InferCtx) -> Sequence[Shape | None]:
+    x = ctx.rank(0, 1)
+    ctx.axis(int(ctx.attr("axis")), len(x))
+    return [x]
+
+
+CUMSUM = OpSchema(
+    Op.CUMSUM, 1,
+    "Running sum of X along `axis` (ONNX CumSum, axis as an attribute): Y[i] = X[0] + ... + X[i]; `exclusive` "
+    "leaves X[i] out (Y[0] = 0), `reverse` sums from the end. Floats accumulate in double precision and round "
+    "each result once; integers wrap. Position ids from attention masks are its main use.",
+    inputs=(Param("X", "T", "input, rank >= 1"),), outputs=(Param("Y", "T", "same shape as X"),),
+    attrs=(int_attr("axis", None, "the summed axis; negative counts from the end", required=True),
+           bool_attr("exclusive", False, "leave each element out of its own sum"),
+           bool_attr("reverse", False, "sum from the last element toward the first")),
+    types={"T": NUMERIC}, infer=cumsum_shape, kind=OpKind.REDUCE, cost=Cost.MEDIUM)
+
+SCHEMAS = (TOPK, ARGMAX, REDUCE_MEAN, REDUCE_SUM, REDUCE_MAX, REDUCE_MIN, CUMSUM)

@@ -46,6 +46,8 @@ class OpKind(enum.Enum):
     INDEX = "index"
     ATTENTION = "attention"
     MOE = "moe"
+    SELECT = "select"
+    SHAPE = "shape"
     CUSTOM = "custom"
 
 
@@ -194,6 +196,12 @@ class OpSchema:
     weight_access: Mapping[int, AccessRule] | tuple[tuple[int, AccessRule], ...] = ()
     """Input slot → how the op reads a weight there (undeclared: WHOLE); a variadic last input's slot covers all
     of its slots. The planner, the backends and the runtime read it through :meth:`weight_inputs`."""
+    value_inputs: tuple[int, ...] = ()
+    """Input slots whose *values* (not only shapes) fix the output shapes (Reshape's shape, Range's bounds): a backend
+    must know them when it binds the node, so it computes what they depend on ahead (see :attr:`from_shape`)."""
+    from_shape: bool = False
+    """The outputs depend on the inputs' shapes only, never on their values (Shape): a backend knows them as soon as
+    it knows the shapes, without running anything."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", str(self.op))  # an Op member becomes its plain name
@@ -215,6 +223,10 @@ class OpSchema:
                                           or a.range_problem(a.default)):
                 raise UaiiError(f"[registry] {where}: default of attribute {a.name!r} is invalid")
         _check_access(self, where)
+        bad = [i for i in self.value_inputs if not isinstance(i, int) or not 0 <= i < len(self.inputs)]
+        if bad:
+            raise UaiiError(f"[registry] {where}: value_inputs {bad} name input slots the schema does not have "
+                            f"({len(self.inputs)} inputs)")
 
     # --- lookups -------------------------------------------------------------------------------------------
     @property

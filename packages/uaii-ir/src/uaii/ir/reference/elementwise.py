@@ -1,4 +1,5 @@
-"""Elementwise references: unary maps, Cast, binary arithmetic with NumPy broadcasting, gated linear units."""
+"""Elementwise references: unary maps, Cast, binary arithmetic (Pow, Max, Min, Mod included) with NumPy broadcasting,
+gated linear units."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from uaii.ir.reference._common import (
     BF16,
     Array,
     RefFn,
+    erf,
     f64,
     fail,
     float_out,
@@ -66,6 +68,38 @@ def sqrt(x: Array) -> Array:
 def softcap(x: Array, *, cap: float) -> Array:
     """Y = cap * tanh(X / cap)."""
     return float_out(cap * np.tanh(f64(x) / cap), x)
+
+
+def erf_(x: Array) -> Array:
+    """Y = erf(X)."""
+    return float_out(erf(f64(x)), x)
+
+
+def reciprocal(x: Array) -> Array:
+    """Y = 1 / X (0 gives inf of the zero's sign)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        return float_out(1.0 / f64(x), x)
+
+
+def cos(x: Array) -> Array:
+    """Y = cos(X)."""
+    return float_out(np.cos(f64(x)), x)
+
+
+def sin(x: Array) -> Array:
+    """Y = sin(X)."""
+    return float_out(np.sin(f64(x)), x)
+
+
+def abs_(x: Array) -> Array:
+    """Y = |X| (integers wrap: the most negative value stays itself)."""
+    return float_out(np.abs(f64(x)), x) if is_floatlike(x) else np.abs(x)
+
+
+def log(x: Array) -> Array:
+    """Y = ln(X) (0 gives -inf, negative X NaN)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float_out(np.log(f64(x)), x)
 
 
 # --- Cast ---------------------------------------------------------------------------------------------------
@@ -144,6 +178,35 @@ def div(a: Array, b: Array) -> Array:
     return _binary("Div", a, b, np.divide if is_floatlike(a) else _int_div)
 
 
+def pow_(a: Array, b: Array) -> Array:
+    """C = A ** B over floats, NumPy broadcasting (negative A with a non-integer B gives NaN; 0 ** 0 = 1)."""
+    if not is_floatlike(a):
+        return fail("Pow", f"operands must be floats, found {a.dtype}")
+    return _binary("Pow", a, b, np.power)
+
+
+def max_(a: Array, b: Array) -> Array:
+    """C = max(A, B), NumPy broadcasting; NaN wins."""
+    return _binary("Max", a, b, np.maximum)
+
+
+def min_(a: Array, b: Array) -> Array:
+    """C = min(A, B), NumPy broadcasting; NaN wins."""
+    return _binary("Min", a, b, np.minimum)
+
+
+def mod(a: Array, b: Array, *, fmod: bool = False) -> Array:
+    """C = A mod B, NumPy broadcasting (ONNX Mod). fmod=False (integers only): the remainder has B's sign (Python's
+    %); fmod=True: A's sign (C's fmod). An integer zero divisor is an error; a float one gives NaN."""
+    if is_floatlike(a):
+        if not fmod:
+            return fail("Mod", "float operands need fmod=1")
+        return _binary("Mod", a, b, np.fmod)
+    if np.any(b == 0):
+        return fail("Mod", "integer modulo by zero")
+    return _binary("Mod", a, b, np.fmod if fmod else np.mod)
+
+
 # --- gated linear units -------------------------------------------------------------------------------------
 def _gate_up(op: str, gate: Array, up: Array | None) -> tuple[Array, Array]:
     if up is not None:
@@ -171,5 +234,6 @@ def geglu(gate: Array, up: Array | None = None, *, approximate: str = "none") ->
 REFS: dict[str, RefFn] = {
     "Neg": neg, "Relu": relu, "Silu": silu, "Gelu": gelu, "Sigmoid": sigmoid, "Tanh": tanh, "Exp": exp,
     "Sqrt": sqrt, "Softcap": softcap, "Cast": cast, "Add": add, "Sub": sub, "Mul": mul, "Div": div,
-    "SwiGLU": swiglu, "GeGLU": geglu,
+    "SwiGLU": swiglu, "GeGLU": geglu, "Erf": erf_, "Reciprocal": reciprocal, "Cos": cos, "Sin": sin, "Abs": abs_,
+    "Log": log, "Pow": pow_, "Max": max_, "Min": min_, "Mod": mod,
 }

@@ -5,12 +5,25 @@ from __future__ import annotations
 import inspect
 from functools import cache
 
-from uaii.ir.reference import attention, elementwise, fused, index, linalg, moe, movement, norm, reduce
+from uaii.ir.reference import (
+    attention,
+    elementwise,
+    fused,
+    index,
+    linalg,
+    logic,
+    moe,
+    movement,
+    nbits,
+    norm,
+    reduce,
+    shape_ops,
+)
 from uaii.ir.reference._common import EvaluationError, RefFn
 
 REFERENCE_OPS: dict[tuple[str, int], RefFn] = {
     (op, 1): fn
-    for family in (elementwise, linalg, norm, reduce, movement, index, attention, moe, fused)
+    for family in (elementwise, linalg, norm, reduce, movement, index, attention, moe, fused, logic, shape_ops, nbits)
     for op, fn in family.REFS.items()
 }
 """Every built-in op and fused op, at version 1. A reference takes the node's inputs positionally (None where
