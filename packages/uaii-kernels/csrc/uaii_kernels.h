@@ -112,6 +112,25 @@ int uk_attention_rows(const float *q, const float *k_new, const float *v_new, fl
                       const int32_t *const *q_pos, const int32_t *const *k_pos, int64_t hq, int64_t hkv, int64_t d,
                       int64_t dv, float scale, int32_t window, int32_t n_sink, float softcap,
                       const float *sink_logits);
+
+/* --- ONNX MatMulNBits (com.microsoft): y = x . dequant(B)^T + bias, B in ONNX's block-quantized layout ----------- */
+/* Element types of the scales and zero points (UK_NB_NONE: no zero points, the default 2^(bits-1); UK_NB_U8: uint8
+   packed like B). */
+enum { UK_NB_NONE = 0, UK_NB_U8 = 1, UK_NB_F32 = 2, UK_NB_F16 = 3, UK_NB_BF16 = 4 };
+/* B uint8 [n, kb, block_size * bits / 8] with kb = ceil(k / block_size) (bits 4: value 2i in the low nibble of
+   byte i); scales [n * kb] of scale_type (F32, F16, BF16); zero_points NULL (zp_type NONE), uint8 [n *
+   ceil(kb * bits / 8)] (U8; 4 bits: two per byte, low nibble first, each row padded to a whole byte) or [n * kb]
+   floats (F32, F16, BF16); w = (q - zp) * scale. bits 4 or 8 (else UK_E_TYPE), block_size a power of two in
+   16..256. x [m, k] f32 (row stride ldx), y [m, n] f32 (row stride ldy), bias [n] or NULL. mode 0: activations
+   quantized to int8 per 32 values and integer dots (the fast path; bit-identical on every ISA, batch size and
+   thread count); mode 1: rows dequantized to f32, f32 dots; mode 2: mode 0 (no 16-bit activation kernel). */
+int uk_nbits_gemm(int bits, int block_size, const uint8_t *b, int64_t n, int64_t k, const void *scales,
+                  int scale_type, const void *zero_points, int zp_type, const float *bias, const float *x, int64_t m,
+                  int64_t ldx, float *y, int64_t ldy, int mode);
+/* dst [n, k] = the weight dequantized to f32, bit-identical to (float)(q - zp) * scale (integer zero points) or
+   ((float)q - zp) * scale (float ones) in float32 arithmetic. */
+int uk_nbits_dequantize(int bits, int block_size, const uint8_t *b, int64_t n, int64_t k, const void *scales,
+                        int scale_type, const void *zero_points, int zp_type, float *dst);
 /* CDEF END */
 
 #ifdef __cplusplus

@@ -13,6 +13,7 @@ from uaii.kernels.gemm import (
     gemm_providers,
     get_gemm,
     matmul,
+    nbits_call,
     register_gemm_provider,
 )
 from uaii.kernels.native import (
@@ -26,6 +27,7 @@ from uaii.kernels.native import (
     set_num_threads,
     use_isa,
 )
+from uaii.kernels.nbits import NBitsLayout, dequantize_nbits
 from uaii.kernels.ops import (
     add,
     argmax,
@@ -56,10 +58,10 @@ from uaii.kernels.quant import (
 
 __version__ = _version("uaii-kernels")
 __all__ = [
-    "DEQUANT_TYPES", "FAST_TYPES", "QUANT_TYPES", "IGemm", "KernelError", "PackedWeight", "__version__", "add",
-    "argmax", "attention", "available_isas", "best_isa", "dequantize", "geglu", "gelu", "gemm_path",
-    "gemm_providers", "get_gemm", "get_isa", "get_num_threads", "get_rows", "glu", "layer_norm", "matmul", "mul",
-    "num_threads", "quantize", "quantize_activations", "quantize_activations16", "register_gemm_provider",
-    "rms_norm", "rope", "rope_inv_freq", "set_isa", "set_num_threads", "silu", "softmax", "swiglu", "topk", "use_isa",
-    "yarn_attn_factor",
+    "DEQUANT_TYPES", "FAST_TYPES", "QUANT_TYPES", "IGemm", "KernelError", "NBitsLayout", "PackedWeight",
+    "__version__", "add", "argmax", "attention", "available_isas", "best_isa", "dequantize", "dequantize_nbits",
+    "geglu", "gelu", "gemm_path", "gemm_providers", "get_gemm", "get_isa", "get_num_threads", "get_rows", "glu",
+    "layer_norm", "matmul", "mul", "nbits_call", "num_threads", "quantize", "quantize_activations",
+    "quantize_activations16", "register_gemm_provider", "rms_norm", "rope", "rope_inv_freq", "set_isa",
+    "set_num_threads", "silu", "softmax", "swiglu", "topk", "use_isa", "yarn_attn_factor",
 ]

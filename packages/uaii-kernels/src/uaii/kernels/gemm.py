@@ -14,6 +14,11 @@ A provider implements :class:`IGemm`; providers are listed by :func:`gemm_provid
 ``c-f32``          the C kernels, dequantizing chunks of weight rows to f32 and using f32 dots (every type).
 ``numpy-dequant``  the reference: dequantize the whole weight, then numpy's BLAS matmul in f32.
 
+Every provider also runs ONNX MatMulNBits weights (:meth:`PackedWeight.from_nbits`, the layout of
+:mod:`uaii.kernels.nbits`): the C ones on the packed bytes through ``uk_nbits_gemm`` (c-q8dot and c-precise: int8
+activations per 32 values and integer dots, bit-identical on every ISA, batch size and thread count; c-f32: rows
+dequantized to f32), numpy-dequant through :func:`~uaii.kernels.nbits.dequantize_nbits`.
+
 Third-party providers register under the entry-point group ``uaii.gemm`` (an object or a zero-argument factory).
 """
 
@@ -27,7 +32,8 @@ import numpy as np
 
 from uaii.ir.dtype import DType
 from uaii.ir.errors import UnsupportedDType
-from uaii.kernels.native import KernelError, check, f32, lib, ptr, view_ptr
+from uaii.kernels.native import KernelError, check, f32, ffi, lib, ptr, view_ptr
+from uaii.kernels.nbits import NBitsLayout, dequantize_nbits, nbits_layout
 from uaii.kernels.quant import DEQUANT_TYPES, as_bytes, dequantize
 
 FAST_TYPES: frozenset[DType] = DEQUANT_TYPES
@@ -37,13 +43,15 @@ type compute the same sums in the same order (see docs/kernels.md, "Prefill and 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight matrix [n, k] in its storage type: ``data`` holds the packed bytes (no copy of the caller's)."""
+    """A weight matrix [n, k] in its storage type: ``data`` holds the packed bytes (no copy of the caller's).
+    ``nbits``: the layout of an ONNX MatMulNBits weight (then ``data`` is its B bytes and ``dtype`` is u8)."""
 
     data: np.ndarray
     dtype: DType
     n: int
     k: int
     _ptr: Any = field(default=None, repr=False, compare=False)
+    nbits: NBitsLayout | None = None
 
     @classmethod
     def from_raw(cls, raw: Any, dtype: DType | str, shape: tuple[int, int]) -> PackedWeight:
@@ -69,15 +77,38 @@ class PackedWeight:
             raise KernelError(f"[kernels] gemm: from_array needs a 2-D float32/float16 array, got {w.dtype} {w.shape}")
         return cls.from_raw(np.ascontiguousarray(w), dt, w.shape)
 
+    @classmethod
+    def from_nbits(cls, b: Any, scales: Any, zero_points: Any = None, *, n: int, k: int, bits: int = 4,
+                   block_size: int, scale_dtype: DType | str | None = None,
+                   zp_dtype: DType | str | None = None) -> PackedWeight:
+        """Wrap an ONNX MatMulNBits weight [n, k] (B bytes, scales, optional zero points; see uaii.kernels.nbits
+        for the layout) without a copy; ``scale_dtype`` / ``zp_dtype`` where the arrays' numpy types do not say
+        (bf16 as uint16 words). Raises KernelError when the arrays do not fit the layout."""
+        data, layout = nbits_layout(b, scales, zero_points, n=n, k=k, bits=bits, block_size=block_size,
+                                    scale_dtype=scale_dtype, zp_dtype=zp_dtype)
+        return cls(data, DType.U8, n, k, ptr(data), layout)
+
     @property
     def nbytes(self) -> int:
-        return int(self.data.size)
+        return int(self.data.size) + (self.nbits.nbytes if self.nbits is not None else 0)
 
     def pointer(self) -> Any:
         return self._ptr if self._ptr is not None else ptr(self.data)
 
     def dequantize(self) -> np.ndarray:
+        if self.nbits is not None:
+            return dequantize_nbits(self.data, self.nbits, self.n, self.k)
         return dequantize(self.data, self.dtype, self.n * self.k).reshape(self.n, self.k)
+
+
+def nbits_call(w: PackedWeight) -> tuple[Any, ...]:
+    """The weight arguments of uk_nbits_gemm for a MatMulNBits weight: (bits, block_size, B, n, k, scales, scale
+    type, zero points, zero-point type), pointers resolved (a backend binds them once with the rest)."""
+    lay = w.nbits
+    assert lay is not None
+    st, zt = lay.codes
+    return (lay.bits, lay.block_size, ffi.cast("uint8_t *", w.pointer()), w.n, w.k, ptr(lay.scales), st,
+            ptr(lay.zero_points), zt)
 
 
 def _prepare(x: np.ndarray, w: PackedWeight, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -134,6 +165,10 @@ class _CGemm:
 
     def gemm(self, x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
         x2, y, m, ldx = _prepare(x, w, out)
+        if w.nbits is not None:
+            check(lib.uk_nbits_gemm(*nbits_call(w), ffi.NULL, view_ptr(x2), m, ldx, f32(y), w.n, self._mode),
+                  f"MatMulNBits gemm [{w.n}, {w.k}] {w.nbits.bits}-bit, blocks of {w.nbits.block_size}")
+            return y
         assert w.dtype.gguf_id is not None
         check(lib.uk_gemm(w.dtype.gguf_id, w.pointer(), w.n, w.k, view_ptr(x2), m, ldx, f32(y), w.n, self._mode),
               f"gemm {w.dtype.value} [{w.n}, {w.k}]")
