@@ -13,10 +13,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from uaii.backends.base import BackendError
-from uaii.ir import DType, Graph, Node, Tensor
+from uaii.ir import DType, Graph, Node, Tensor, UaiiError
 from uaii.ir.graph import topological_order
 from uaii.ir.kvcache import KVLayer, kv_layers
 from uaii.ir.ops import InferCtx, InferError, OpSchema, TensorType
+from uaii.ir.reference import run_node
 from uaii.ir.registry import Registry, default_registry
 from uaii.ir.shapes import ShapeError
 
@@ -69,9 +70,74 @@ def topological(graph: Graph) -> list[Node]:
     return [graph.nodes[i] for i in order]
 
 
+# --- values that shapes depend on ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShapeValues:
+    """The values whose *data* some shape of the graph depends on: what the schemas' ``value_inputs`` read (a
+    Reshape's target, a Range's bounds, a Fill's shape), traced back through their producers to constants, graph
+    inputs, and ``from_shape`` ops (Shape), whose outputs follow from shapes alone. A binding computes them with the
+    reference evaluator while it infers its shapes (:func:`infer_types`), so that a graph whose shapes are computed
+    from its feeds' shapes binds each feed shape to exact shapes, as a Reshape to a constant target does.
+
+    ``feeds``: the graph inputs among them. Their data, not only their shapes, decides a binding's shapes, so a
+    backend passes their values to :func:`infer_types` and binds per value as well as per shape."""
+
+    values: frozenset[str] = frozenset()
+    feeds: tuple[str, ...] = ()
+
+
+def shape_values(graph: Graph, infos: Sequence[NodeInfo]) -> ShapeValues:
+    """The :class:`ShapeValues` of ``graph`` (empty for a graph whose shapes follow from shapes alone)."""
+    producer = {o: info for info in infos for o in info.node.outputs if o}
+    stack = [info.node.inputs[slot] for info in infos for slot in info.schema.value_inputs
+             if slot < len(info.node.inputs) and info.node.inputs[slot]]
+    needed: set[str] = set()
+    while stack:
+        v = stack.pop()
+        if v in needed:
+            continue
+        needed.add(v)
+        p = producer.get(v)
+        if p is not None and not p.schema.from_shape:
+            stack += [x for x in p.node.inputs if x]
+    return ShapeValues(frozenset(needed), tuple(n for n in graph.inputs if n in needed))
+
+
+def _fold(info: NodeInfo, types: Mapping[str, VType], known: dict[str, np.ndarray]) -> None:
+    """Compute ``info``'s outputs into ``known`` when everything it reads is known: for a ``from_shape`` op only the
+    inputs' shapes (zero-stride stand-ins, no memory), else their values. Leaves them unknown otherwise (a value
+    that depends on a weight or on a feed's data not given): the shapes depending on them then stay symbolic."""
+    node = info.node
+    args: list[np.ndarray | None] = []
+    for slot, name in enumerate(node.inputs):
+        if not name:
+            args.append(None)
+        elif info.schema.from_shape:
+            t = types[name]
+            args.append(np.broadcast_to(np.zeros((), t.dtype.numpy), t.shape))
+        elif name in known or slot in info.consts:
+            args.append(known[name] if name in known else info.consts[slot])
+        else:
+            return
+    try:
+        outs = run_node(node, args)
+    except UaiiError as exc:
+        raise BackendError(f"[backend] node {node.name!r} ({node.op}): computing a value that shapes depend on "
+                           f"failed: {exc}") from None
+    for name, arr in zip(node.outputs, outs, strict=True):
+        if name:
+            known[name] = np.asarray(arr).astype(types[name].dtype.numpy, copy=False)
+
+
 # --- concrete shapes ---------------------------------------------------------------------------------------
-def infer_types(graph: Graph, infos: Sequence[NodeInfo], inputs: Mapping[str, VType]) -> dict[str, VType]:
-    """Concrete dtype and shape of every value, from the input types (weights and constants as declared)."""
+def infer_types(graph: Graph, infos: Sequence[NodeInfo], inputs: Mapping[str, VType],
+                values: Mapping[str, np.ndarray] | None = None, deps: ShapeValues | None = None) -> dict[str, VType]:
+    """Concrete dtype and shape of every value, from the input types (weights and constants as declared).
+
+    Values that shapes depend on (:class:`ShapeValues`; ``deps``, computed here when not given) are computed on the
+    way and given to the shape functions as constants; ``values``: those of the feeds among them."""
+    deps = deps if deps is not None else shape_values(graph, infos)
+    known: dict[str, np.ndarray] = {n: np.asarray(values[n]) for n in deps.feeds if values and n in values}
     types: dict[str, VType] = {}
     for t in graph.tensors:
         if t.is_weight or t.is_constant:
@@ -81,7 +147,8 @@ def infer_types(graph: Graph, infos: Sequence[NodeInfo], inputs: Mapping[str, VT
     for info in infos:
         node = info.node
         ins = [TensorType(*types[n]) if n else None for n in node.inputs]
-        ctx = InferCtx(node, info.schema, ins, info.attrs, info.consts)
+        consts = {**info.consts, **{i: known[n] for i, n in enumerate(node.inputs) if n in known}}
+        ctx = InferCtx(node, info.schema, ins, info.attrs, consts)
         try:
             shapes = list(info.schema.infer(ctx)) if info.schema.infer is not None else []
             dtypes = list(info.schema.dtypes(ctx)) if info.schema.dtypes is not None else []
@@ -93,13 +160,30 @@ def infer_types(graph: Graph, infos: Sequence[NodeInfo], inputs: Mapping[str, VT
             shape = shapes[slot] if slot < len(shapes) else None
             if shape is None or any(not isinstance(d, int) for d in shape):
                 raise BackendError(f"[backend] node {node.name!r} ({node.op}): output {name!r} has no concrete "
-                                   f"shape for inputs {[list(t.shape) for t in ins if t]} (got {shape})")
+                                   f"shape for inputs {[list(t.shape) for t in ins if t]} (got {shape})"
+                                   f"{_unknown_values(info, known, deps, values)}")
             decl = tmap.get(name)
             dt = (dtypes[slot] if slot < len(dtypes) else None) or (decl.dtype if decl else None)
             if dt is None:
                 dt = _bound_dtype(info.schema, slot, ins)
             types[name] = VType(dt, tuple(int(d) for d in shape))
+        if any(o in deps.values for o in node.outputs if o):
+            _fold(info, types, known)
     return types
+
+
+def _unknown_values(info: NodeInfo, known: Mapping[str, np.ndarray], deps: ShapeValues,
+                    values: Mapping[str, np.ndarray] | None) -> str:
+    """Why a shape that depends on values stayed unknown, for the error message ("" when it does not)."""
+    unknown = [info.node.inputs[i] for i in info.schema.value_inputs
+               if i < len(info.node.inputs) and info.node.inputs[i] and info.node.inputs[i] not in known
+               and i not in info.consts]
+    if not unknown:
+        return ""
+    missing = [f for f in deps.feeds if not values or f not in values]
+    why = (f"the values of the graph inputs {missing} decide it, and this binding was not given them" if missing
+           else "they depend on a weight or on data no binding knows ahead")
+    return f": it depends on the values of {unknown}, and {why}"
 
 
 def _bound_dtype(schema: OpSchema, slot: int, ins: Sequence[TensorType | None]) -> DType:
@@ -199,5 +283,5 @@ def arena_inputs(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int) -> Ar
                        infer_types(graph, list(infos), feed_types(graph, feeds, shapes, kv)))
 
 
-__all__ = ["ArenaInputs", "KvLayout", "NodeInfo", "VType", "arena_inputs", "feed_types", "infer_types", "kv_layout",
-           "nbytes_of", "node_infos", "token_shapes", "topological"]
+__all__ = ["ArenaInputs", "KvLayout", "NodeInfo", "ShapeValues", "VType", "arena_inputs", "feed_types", "infer_types",
+           "kv_layout", "nbytes_of", "node_infos", "shape_values", "token_shapes", "topological"]

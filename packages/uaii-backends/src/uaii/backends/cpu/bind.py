@@ -51,6 +51,9 @@ class WeightData:
     dtype: DType
     shape: tuple[int, ...]
     raw: np.ndarray
+    # a streamed weight's staging view: its bytes change from run to run, so a converted copy made while binding
+    # would be stale (Bind.packed / Bind.f32_weight convert it in a step before the node's own instead)
+    live: bool = False
 
     def as_f32(self) -> np.ndarray:
         """Float32 values (dequantized for block types; bf16 words widened)."""
@@ -163,12 +166,31 @@ class Bind:
         return self.exe.weight(name)
 
     def packed(self, name: str, transpose_b: bool = True) -> PackedWeight:
-        """The MatMul weight ``name`` as a packed [n, k] matrix (a transposed copy for [K, N] float weights)."""
+        """The MatMul weight ``name`` as a packed [n, k] matrix (a transposed copy for [K, N] float weights; of a
+        streamed weight, made by a step before the node's, from the bytes staged for this run)."""
+        if not transpose_b:
+            w = self.exe.weight(name)
+            if w.live:
+                buf = np.empty((w.shape[1], w.shape[0]), np.float32)
+                self._refresh(buf, lambda: w.as_f32().reshape(w.shape).T)
+                return PackedWeight.from_array(buf)
         return self.exe.packed(name, transpose_b)
 
     def f32_weight(self, name: str) -> np.ndarray:
-        """A weight (or constant) as contiguous float32, converted once per compile."""
+        """A weight (or constant) as contiguous float32, converted once per compile (a streamed one: by a step
+        before the node's, from the bytes staged for this run)."""
+        if self.is_weight(name):
+            w = self.exe.weight(name)
+            if w.live and (w.dtype is not DType.F32 or not w.raw.flags.c_contiguous):
+                buf = np.empty(w.shape, np.float32)
+                self._refresh(buf, lambda: w.as_f32().reshape(w.shape))
+                return buf
         return self.exe.f32_weight(name)
+
+    def _refresh(self, buf: np.ndarray, values: Callable[[], np.ndarray]) -> None:
+        """Fill ``buf`` from ``values()`` in a prologue step (run before the node's steps, every run)."""
+        self.keep.append(buf)
+        self.prologue.append(numpy_step(lambda: np.copyto(buf, values())))
 
     def gemm_mode(self, value: str) -> int:
         """The uk_gemm mode of the GEMM step that writes ``value`` (CpuExecutable.gemm_mode_for)."""

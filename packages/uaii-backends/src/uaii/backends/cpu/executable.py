@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from uaii.backends.analysis import KvLayout, feed_types, kv_layout
+from uaii.backends.analysis import KvLayout, feed_types, kv_layout, shape_values
 from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
 from uaii.backends.config import GEMM_MODES as CONFIG_GEMM_MODES
 from uaii.backends.cpu.bind import Bind, CacheRows, KVSlot, Step, WeightData, status_fail, to_f32
@@ -44,7 +44,11 @@ from uaii.backends.cpu.memory import (
 )
 from uaii.backends.cpu.ops_extra import EXTRA, expert_banks
 from uaii.backends.cpu.ops_fast import FAST
+from uaii.backends.cpu.ops_logic import SELECT
+from uaii.backends.cpu.ops_math import MATH
+from uaii.backends.cpu.ops_nbits import NBITS
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
+from uaii.backends.cpu.ops_shape import SHAPE
 from uaii.backends.cpu.streaming import StreamingWeights
 from uaii.backends.kv_book import KeyRope, KVBatch, key_ropes
 from uaii.ir import Graph, Tensor
@@ -53,7 +57,7 @@ from uaii.ir.ops import UNARY
 from uaii.ir.plan import ArenaLayout
 from uaii.kernels import PackedWeight
 
-GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA}
+GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA, **MATH, **SELECT, **SHAPE, **NBITS}
 MAX_BINDINGS = 16
 """Bindings kept, least recently used dropped first: a server's decode batches of 1..max_sequences rows stay bound
 while prefills of many prompt lengths come and go (binding SmolLM2 costs ~30 ms, several decode steps)."""
@@ -103,6 +107,10 @@ class CpuExecutable:
         self.kv = kv_layout(graph) if kv_state else KvLayout()
         self.kv_layer, self.kv_dims, self.stateful = self.kv.layer, self.kv.dims, self.kv.values
         self.input_names = tuple(n for n in graph.inputs if n not in self.stateful)
+        # values that shapes depend on (Shape -> Gather -> Range ...: computed per binding); the feeds among them
+        # decide a binding by their values too, so they join its key (analysis.ShapeValues)
+        self.shape_deps = shape_values(graph, infos)
+        self.shape_feeds = tuple(n for n in self.shape_deps.feeds if n in self.input_names)
         self.output_names = tuple(n for n in graph.outputs if n not in self.stateful)
         self._layout: Layout | None = None
         self._planned = arena
@@ -192,8 +200,11 @@ class CpuExecutable:
         return feed_types(self.graph, self.input_names, shapes, self.kv)
 
     def prepare(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        """Plan the arena for the largest feed shapes a run will see (e.g. ``max_tokens`` tokens)."""
-        types = infer_types(self.graph, self.infos, self.feed_types(shapes))
+        """Plan the arena for the largest feed shapes a run will see (e.g. ``max_tokens`` tokens). A graph whose
+        shapes depend on the values of its feeds (:attr:`shape_feeds`) is laid out by its first run instead."""
+        if self.shape_feeds:
+            return
+        types = infer_types(self.graph, self.infos, self.feed_types(shapes), deps=self.shape_deps)
         self._relayout(types)
 
     def _relayout(self, types: dict[str, VType]) -> None:
@@ -225,8 +236,9 @@ class CpuExecutable:
         return ExecutableMemory(arena_bytes=self.arena_bytes, weight_bytes=distinct_bytes(arrays),
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="host")
 
-    def _bind(self, shapes: dict[str, tuple[int, ...]], slot: KVSlot | None) -> Binding:
-        types = infer_types(self.graph, self.infos, self.feed_types(shapes))
+    def _bind(self, shapes: dict[str, tuple[int, ...]], slot: KVSlot | None,
+              values: Mapping[str, np.ndarray] | None = None) -> Binding:
+        types = infer_types(self.graph, self.infos, self.feed_types(shapes), values, self.shape_deps)
         if self._layout is None or not self._layout.fits(types):
             self._relayout(types)
         assert self._layout is not None
@@ -295,7 +307,9 @@ class CpuExecutable:
         if self.kv_dims and state is None:
             raise BackendError("[backend] this graph keeps a KV cache: pass a state from new_state()")
         batched = isinstance(state, KVBatch)
-        binding = self._binding(shapes, state is not None, batched)
+        values = {n: np.asarray(feeds[n]).astype(self.graph.tensor(n).dtype.numpy, copy=False)
+                  for n in self.shape_feeds}
+        binding = self._binding(shapes, state is not None, batched, values)
         for name, dst in binding.feeds:
             np.copyto(dst, feeds[name], casting="unsafe")
         n = binding.n_new
@@ -320,9 +334,15 @@ class CpuExecutable:
             state.advance(n)
         return dict(binding.outputs)
 
-    def _binding(self, shapes: tuple[tuple[int, ...], ...], stateful: bool, batched: bool) -> Binding:
-        """The binding of these feed shapes and state kind (a single state or a KVBatch), bound on first use."""
-        key = (shapes, batched)
+    def _binding(self, shapes: tuple[tuple[int, ...], ...], stateful: bool, batched: bool,
+                 values: Mapping[str, np.ndarray] | None = None) -> Binding:
+        """The binding of these feed shapes and state kind (a single state or a KVBatch), bound on first use;
+        ``values``: those of the :attr:`shape_feeds`, which join the key."""
+        key: Any = (shapes, batched)
+        if self.shape_feeds:
+            vals = values or {}
+            key = (*key, tuple((str(vals[n].dtype), vals[n].tobytes()) if n in vals else None
+                               for n in self.shape_feeds))
         binding = self._bindings.pop(key, None)
         if binding is None:
             if self.closed:
@@ -330,7 +350,7 @@ class CpuExecutable:
             if len(self._bindings) >= MAX_BINDINGS:
                 self._bindings.pop(next(iter(self._bindings)))  # the least recently used
             slot = KVSlot(batched) if stateful else None
-            binding = self._bind(dict(zip(self.input_names, shapes, strict=True)), slot)
+            binding = self._bind(dict(zip(self.input_names, shapes, strict=True)), slot, values)
         self._bindings[key] = binding  # most recently used last
         return binding
 
@@ -365,10 +385,12 @@ class CpuExecutable:
         rc = step()
         raise status_fail(f"node {binding.names[i]!r}", int(rc) if isinstance(rc, int) else -99)
 
-    def steps_for(self, shapes: Mapping[str, tuple[int, ...]], state: KVState | KVBatch | None = None) -> int:
-        """How many steps a run with these feed shapes executes (views cost none)."""
+    def steps_for(self, shapes: Mapping[str, tuple[int, ...]], state: KVState | KVBatch | None = None,
+                  values: Mapping[str, np.ndarray] | None = None) -> int:
+        """How many steps a run with these feed shapes (and values of the :attr:`shape_feeds`) executes (views cost
+        none)."""
         key = tuple(tuple(shapes[n]) for n in self.input_names)
-        return len(self._binding(key, state is not None, isinstance(state, KVBatch)).steps)
+        return len(self._binding(key, state is not None, isinstance(state, KVBatch), values).steps)
 
     def close(self) -> None:
         if self.streaming is not None:

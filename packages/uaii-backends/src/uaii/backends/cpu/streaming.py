@@ -235,7 +235,8 @@ class StreamingWeights:
         graph = self.exe.graph
         for name, view in zip(names, views, strict=True):
             t = graph.tensor(name)
-            self._live[name] = WeightData(name, t.dtype, tuple(int(d) for d in t.shape), weight_array(t, view))
+            self._live[name] = WeightData(name, t.dtype, tuple(int(d) for d in t.shape), weight_array(t, view),
+                                          live=True)
         arrays = dict(b.arrays)
         for name, w in self._live.items():
             arrays[name] = w.raw if w.dtype.is_quantized else w.raw.reshape(w.shape)

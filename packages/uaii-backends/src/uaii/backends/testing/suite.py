@@ -7,6 +7,8 @@ from collections.abc import Callable
 import numpy as np
 
 from uaii.backends.testing.cases import F32, LOW, Q8_ACT, Builder, Case, binary_case, unary_case
+from uaii.backends.testing.cases import matmul_nbits_cases as matmul_nbits
+from uaii.backends.testing.suite_onnx import logic_ops, math_ops, reduce_ops, shape_ops
 from uaii.ir import DType
 
 QTYPES = ("q8_0", "q4_0", "q4_k", "q6_k")
@@ -340,7 +342,8 @@ def moe() -> list[Case]:
 
 
 FAMILIES: tuple[Callable[[], list[Case]], ...] = (elementwise, cast, glu, matmul, norms, reductions, movement,
-                                                  indexing, rope, attention, moe)
+                                                  indexing, rope, attention, moe, math_ops, logic_ops, reduce_ops,
+                                                  shape_ops, matmul_nbits)
 
 
 def all_cases() -> list[Case]:

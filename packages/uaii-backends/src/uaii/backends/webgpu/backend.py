@@ -21,6 +21,16 @@ WEIGHT_DTYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q8_0",
 KV_DTYPES = frozenset({"f32", "f16"})
 """Element types of the device KV state (kv_state.py's GpuKVState)."""
 
+_ONNX_OPS = ("Erf Reciprocal Cos Sin Abs Log Not Pow Max Min Mod Equal Less Greater LessOrEqual GreaterOrEqual And Or "
+             "Xor Where Trilu ReduceSum ReduceMax ReduceMin CumSum Shape Range Fill Expand")
+UNSUPPORTED: dict[str, str] = {
+    **dict.fromkeys(_ONNX_OPS.split(), "no WGSL kernel yet: the ops ONNX graphs bring (issue #14) run on the cpu "
+                                       "backend"),
+    "MatMulNBits": "no WGSL kernel for ONNX's MatMulNBits weight layout yet: it runs packed on the cpu backend",
+}
+"""Registered ops this backend deliberately does not run, with the reason (Capabilities.unsupported). A graph with
+one of them is refused by ``compile`` (UnsupportedOpError naming every such node), never run in part."""
+
 
 class WebGpuBackend(BackendBase):
     """WGSL compute shaders through wgpu (Vulkan, Metal, D3D12); software adapters only when allowed."""
@@ -58,7 +68,9 @@ class WebGpuBackend(BackendBase):
         from uaii.backends.webgpu.ops import LOWERINGS
 
         return Capabilities(activation_dtypes=frozenset({"f32", "f16", "bf16", "i32", "i64"}),
-                            weight_dtypes=WEIGHT_DTYPES, ops=frozenset(LOWERINGS), streams_weights=True,
+                            weight_dtypes=WEIGHT_DTYPES, ops=frozenset(LOWERINGS),
+                            unsupported={op: why for op, why in UNSUPPORTED.items() if op not in LOWERINGS},
+                            streams_weights=True,
                             kv_dtypes=KV_DTYPES, kv_positions=frozenset({"absolute", "cache"}), kv_window=True,
                             batched_kv=False, device_memory=self.device_memory(), arena=ARENA_RULE)
 
@@ -85,7 +97,7 @@ class WebGpuBackend(BackendBase):
 
         if node.op in LOWERINGS:
             return None
-        return f"op {node.op!r} is not implemented by the webgpu backend"
+        return UNSUPPORTED.get(node.op, f"op {node.op!r} is not implemented by the webgpu backend")
 
     def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource, *, max_tokens: int = 0,
                 kv_state: bool = True, memory_reuse: bool = True, streamed: Collection[str] = (),
@@ -115,4 +127,4 @@ class WebGpuBackend(BackendBase):
         return exe
 
 
-__all__ = ["WebGpuBackend"]
+__all__ = ["UNSUPPORTED", "WebGpuBackend"]
