@@ -76,11 +76,13 @@ isolation-%: $(UV_DEP) ## tests/<pkg> in .venv-iso-<pkg> (that package and its d
 	UV_PROJECT_ENVIRONMENT=.venv-iso-$* $(UV) run --no-sync python scripts/check_isolated.py uaii-$*
 	UV_PROJECT_ENVIRONMENT=.venv-iso-$* $(UV) run --no-sync python -m pytest $(ISOLATION_PYTEST_FLAGS) -p no:cacheprovider tests/$*
 
-gen: setup ## regenerate generated code (FlatBuffers Python from schemas/uaii_ir.fbs)
+gen: setup ## regenerate generated code (FlatBuffers Python from schemas/uaii_ir.fbs, the ONNX op table)
 	$(PY) scripts/gen.py
+	$(PY) scripts/gen_onnx_ops.py
 
 gen-check: setup ## fail when generated code is stale
 	$(PY) scripts/gen.py --check
+	$(PY) scripts/gen_onnx_ops.py --check
 
 wheels: $(UV_DEP) ## a wheel and an sdist of every distribution into dist/, each built alone; native wheels tagged manylinux
 	rm -rf dist

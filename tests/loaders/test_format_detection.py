@@ -69,8 +69,9 @@ def test_nothing_matches_lists_each_loaders_reason(tmp_path: Path) -> None:
     assert " — hf: not a directory with config.json, nor a .safetensors file" in text
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(LoaderError, match=r"format not recognized — hf: no config\.json;.*the directory is empty — "
-                                          r"gguf: no \*\.gguf file in the directory$"):
+    with pytest.raises(LoaderError, match=r"format not recognized — onnx: no \*\.onnx file in the directory — hf: no "
+                                          r"config\.json;.*the directory is empty — gguf: no \*\.gguf file in the "
+                                          r"directory$"):
         detect_format(empty)
 
 

@@ -63,8 +63,9 @@ def test_a_handwritten_gguf_loads(tmp_path: Path) -> None:
 def test_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(LoaderError, match="does not exist"):
         load_model(tmp_path / "nope")
-    (tmp_path / "m.onnx").write_bytes(b"\x08\x01")
-    with pytest.raises(LoaderError, match="ONNX files have no loader"):
+    (tmp_path / "m.onnx").write_bytes(b"\x08\x01")  # ir_version 1, no graph: the onnx loader says so
+    with pytest.raises(FormatError, match=r"m\.onnx: expected an ONNX ModelProto with an ir_version and a graph; "
+                                          r"found ir_version 1 and no graph"):
         load_model(tmp_path / "m.onnx")
     (tmp_path / "x.bin").write_bytes(b"junk")
     with pytest.raises(LoaderError, match="PyTorch files have no loader"):
@@ -115,7 +116,7 @@ def test_missing_optional_dependency_names_the_extra() -> None:
 
 def test_loaders_come_from_entry_points(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     names = [ld.name for ld in loaders()]
-    assert names == ["hf", "gguf"]  # built-ins are entry points too, ordered by priority
+    assert names == ["onnx", "hf", "gguf"]  # built-ins are entry points too, ordered by priority
 
     class Plugin:
         name, priority = "toy", 100
@@ -141,7 +142,7 @@ def test_loaders_come_from_entry_points(monkeypatch: pytest.MonkeyPatch, tmp_pat
     mod.LOADER = Plugin()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tests_toy", mod)
     monkeypatch.setattr(model_mod, "entry_points", fake)
-    assert [ld.name for ld in loaders()] == ["toy", "hf", "gguf"]
+    assert [ld.name for ld in loaders()] == ["toy", "onnx", "hf", "gguf"]
     (tmp_path / "m.toy").write_text("x")
     assert load_model(tmp_path / "m.toy") == ("toy", tmp_path / "m.toy")
 

@@ -6,7 +6,8 @@
     model.weights      # WeightIndex: str(ref) -> TensorInfo(file, offset, nbytes, dtype, shape)
     model.config       # ModelConfig, one convention for every format
 
-Formats: GGUF (v2/v3, split files), safetensors (single, sharded) inside Hugging Face directories.
+Formats: GGUF (v2/v3, split files), safetensors (single, sharded) inside Hugging Face directories, ONNX files
+(extra ``uaii-loaders[onnx]``: the graph is translated op by op, see :mod:`uaii.loaders.onnx`).
 Architectures: see :func:`supported_architectures`. Loaders are plugins of the entry-point group
 ``uaii.loaders``.
 """
@@ -21,14 +22,15 @@ from uaii.loaders.hf import HFDirectory, open_hf_directory
 from uaii.loaders.hf_config import from_hf
 from uaii.loaders.index import TensorInfo, WeightIndex
 from uaii.loaders.model import LoadedModel, Loader, detect_format, load_model, loaders
+from uaii.loaders.onnx import OnnxFile, OnnxImportError, open_onnx, supported_ops
 from uaii.loaders.safetensors import SafetensorsModel, open_safetensors
 from uaii.loaders.weights import Weight, WeightSet
 
 __version__ = _version("uaii-loaders")
 __all__ = [
     "SUPPORTED_DTYPES", "GGUFFile", "HFDirectory", "LoadedModel", "Loader", "LoaderError",
-    "MissingDependency", "ModelConfig",
- "RopeConfig", "SafetensorsModel", "TensorInfo", "Weight", "WeightIndex", "WeightSet",
+    "MissingDependency", "ModelConfig", "OnnxFile", "OnnxImportError", "RopeConfig", "SafetensorsModel",
+    "TensorInfo", "Weight", "WeightIndex", "WeightSet",
     "__version__", "build_graph", "detect_format", "from_gguf", "from_hf", "load_model", "loaders",
-    "open_gguf", "open_hf_directory", "open_safetensors", "supported_architectures",
+    "open_gguf", "open_hf_directory", "open_onnx", "open_safetensors", "supported_architectures", "supported_ops",
 ]

@@ -156,8 +156,14 @@ class HFLoader:
 
 GGUF_LOADER = GGUFLoader()
 HF_LOADER = HFLoader()
-_BUILTIN: dict[str, Loader] = {"gguf": GGUF_LOADER, "hf": HF_LOADER}
-_NOT_BUILT = {".onnx": "ONNX", ".pt": "PyTorch", ".pth": "PyTorch", ".bin": "PyTorch", ".npz": "MLX"}
+_NOT_BUILT = {".pt": "PyTorch", ".pth": "PyTorch", ".bin": "PyTorch", ".npz": "MLX"}
+
+
+def _builtin() -> dict[str, Loader]:
+    """The built-in loaders (imported here, not at module top: the ONNX loader builds on this module)."""
+    from .onnx.loader import ONNX_LOADER
+
+    return {"gguf": GGUF_LOADER, "hf": HF_LOADER, "onnx": ONNX_LOADER}
 
 
 def loaders() -> list[Loader]:
@@ -169,7 +175,7 @@ def loaders() -> list[Loader]:
         except Exception as exc:  # a broken plugin must not break loading of every model
             raise LoaderError(f"loader plugin {ep.name!r} ({ep.value}) failed to import: {exc}") from exc
         found[ep.name] = obj() if isinstance(obj, type) else obj
-    for name, obj in _BUILTIN.items():  # running from a source tree without installed metadata
+    for name, obj in _builtin().items():  # running from a source tree without installed metadata
         found.setdefault(name, obj)
     return sorted(found.values(), key=lambda ld: (-int(getattr(ld, "priority", 0)), ld.name))
 
@@ -186,14 +192,15 @@ def detect_format(path: str | os.PathLike[str]) -> str:
             return ld.name
     kind = _NOT_BUILT.get(p.suffix.lower())
     if kind is not None:
-        raise LoaderError(f"{p}: {kind} files have no loader in this installation; supported: GGUF files and "
-                          "Hugging Face directories (config.json + safetensors)")
+        raise LoaderError(f"{p}: {kind} files have no loader in this installation; supported: GGUF files, "
+                          "Hugging Face directories (config.json + safetensors) and ONNX files")
     raise unrecognized(p, found)
 
 
 def load_model(path: str | os.PathLike[str], *, format: str | None = None, validate: bool = True,
                **options: Any) -> LoadedModel:
-    """Load a model from a GGUF file, a split GGUF, or a Hugging Face directory (or its safetensors file)."""
+    """Load a model from a GGUF file, a split GGUF, a Hugging Face directory (or its safetensors file), or an ONNX
+    file (or a directory holding one)."""
     p = Path(path)
     name = format or detect_format(p)
     by_name = {ld.name: ld for ld in loaders()}
