@@ -3,7 +3,7 @@
 ``.uaii`` / ``.uaii.json`` / ``.json`` files are IR graphs (uaii.ir.serialize): their weight references resolve
 against the file's directory — raw-file references with :func:`uaii.storage.locate_raw_file`, container references
 (``file.gguf#tensor``, ``file.safetensors#tensor``) through the loaders' readers. Anything else goes through
-:func:`uaii.loaders.load_model` (GGUF, Hugging Face directories).
+:func:`uaii.loaders.load_model` (GGUF, Hugging Face directories, ONNX).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def ir_locations(graph: Graph, base: Path, *, source: Path | None = None) -> dic
 
 
 def weight_container(file: Path) -> Mapping[str, Any] | None:
-    """The tensor table (name -> location) of the GGUF or safetensors file an IR weight reference names; None for
+    """The tensor table (name -> location) of the GGUF, safetensors or ONNX file an IR weight reference names; None for
     another format (each caller reports that in its own terms: the Session, the C API)."""
     from uaii.loaders import open_gguf, open_safetensors
     from uaii.loaders.gguf import is_gguf
@@ -203,6 +203,10 @@ def weight_container(file: Path) -> Mapping[str, Any] | None:
         return open_gguf(file).tensors
     if file.suffix == ".safetensors":
         return open_safetensors(file).tensors
+    if file.suffix.lower() == ".onnx":  # initializers, wherever their bytes are (inline or external data)
+        from uaii.loaders import open_onnx
+
+        return open_onnx(file).weights
     return None
 
 
@@ -214,8 +218,8 @@ def _container(file: Path, source: Path | None, weight: str, ref: str) -> Mappin
                            "directory; keep the weight files beside it)")
     table = weight_container(file)
     if table is None:
-        raise SessionError(f"[runtime] {where}: {file} is not a weight container (expected a GGUF or safetensors "
-                           "file)")
+        raise SessionError(f"[runtime] {where}: {file} is not a weight container (expected a GGUF, safetensors or "
+                           "ONNX file)")
     return table
 
 

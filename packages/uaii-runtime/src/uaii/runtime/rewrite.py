@@ -20,6 +20,8 @@ from uaii.ir import Graph, Node, Tensor, attr
 from uaii.runtime.errors import SessionError
 
 ROW_WISE = frozenset({"Softcap", "Cast", "Identity", "Tanh", "Relu", "Neg"})
+HEAD_OPS = frozenset({"MatMul", "MatMulNBits"})
+"""Ops an lm_head may be: a MatMul, or ONNX's block-quantized MatMulNBits (onnxruntime-genai int4 models)."""
 TO_END = 1 << 31  # Slice: an end >= 2^31 means "to the end"
 
 
@@ -33,7 +35,7 @@ def _lm_head(graph: Graph, output: str) -> tuple[Node, list[Node]] | None:
     while node is not None and node.op in ROW_WISE:
         chain.append(node)
         node = producers.get(node.inputs[0])
-    if node is None or node.op != "MatMul" or len(graph.tensor(node.inputs[0]).shape) != 2:
+    if node is None or node.op not in HEAD_OPS or len(graph.tensor(node.inputs[0]).shape) != 2:
         return None
     inner = [node.outputs[0], *(n.outputs[0] for n in chain[1:])]
     if any(len(consumers.get(v, [])) != 1 or v in graph.outputs for v in inner if v != output):

@@ -226,8 +226,12 @@ class Session(SequencesMixin):
     def _generative(self, what: str) -> None:
         self._ready(what)
         if self._kv is None:
+            why = self._bundle.graph.meta.get("onnx.kv", "")  # an ONNX model says why its KV I/O did not map
+            reason = why.removeprefix("none: ") if why.startswith("none:") else ""
+            detail = f"it cannot decode incrementally: {reason}" if reason else \
+                "no tokens/positions inputs with a KV cache"
             raise SessionError(f"[runtime] cannot {what}: {self._bundle.path.name} is not a generative model "
-                               "(no tokens/positions inputs with a KV cache); use run()")
+                               f"({detail}); use run()")
 
     def close(self) -> None:
         """Free the compiled graph, the KV cache and the weight maps (idempotent). Safe from any thread: a

@@ -131,7 +131,7 @@ def model_path(raw: str) -> Path:
 
 
 def add_model_argument(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("model", metavar="MODEL", help="a GGUF file or a Hugging Face model directory")
+    ap.add_argument("model", metavar="MODEL", help="a GGUF file, a Hugging Face model directory or an ONNX file")
 
 
 def add_runtime_options(ap: argparse.ArgumentParser) -> None:

@@ -126,6 +126,7 @@ def describe(model: Any, *, everything: bool = False) -> dict[str, Any]:
         "memory": {"weights_bytes": weight_bytes, "kv_bytes_per_1k_tokens_f32": kv_bytes(cfg, 1024, 4),
                    "kv_bytes_per_1k_tokens_f16": kv_bytes(cfg, 1024, 2)},
         "metadata": scalar_metadata(model.source_metadata, everything=everything),
+        "import_notes": str(model.source_metadata.get("onnx.import_notes", "")).splitlines(),
     }
     if everything:
         obj["tensors"] = [{"name": i.name, "dtype": i.dtype.name, "shape": list(i.shape), "bytes": int(i.nbytes),
@@ -158,6 +159,8 @@ def render(ctx: Context, d: Mapping[str, Any]) -> None:
         for k, v in d["metadata"].items():
             meta.add_row(k, str(v))
         out.print(meta)
+    for note in d["import_notes"]:  # what a translated graph approximates or ignores (ONNX import)
+        out.print(f"[yellow]import note:[/yellow] {note}", highlight=False, soft_wrap=True)
     mix = Table(title="quant mix", title_justify="left")
     for col in ("type", "tensors", "parameters", "bytes", "share"):
         mix.add_column(col, justify="left" if col == "type" else "right")

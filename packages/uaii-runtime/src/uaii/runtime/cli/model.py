@@ -40,7 +40,8 @@ def add_parsers(sub: Any) -> None:
 
     c = sub.add_parser("convert", help="write the model's IR graph to OUT.uaii (binary) or OUT.uaii.json")
     add_model_argument(c)
-    c.add_argument("output", metavar="OUT", help="OUT.uaii or OUT.uaii.json (atomic write)")
+    c.add_argument("output", metavar="OUT", nargs="?", help="OUT.uaii or OUT.uaii.json (atomic write)")
+    c.add_argument("-o", "--output", dest="output_opt", metavar="OUT", help="the same as the positional OUT")
     c.add_argument("--force", action="store_true", help="replace OUT if it exists")
     c.set_defaults(func=cmd_convert)
 
@@ -108,7 +109,9 @@ def cmd_convert(args: argparse.Namespace, ctx: Context) -> int:
     from uaii.loaders import load_model
 
     path = model_path(args.model)
-    out = Path(args.output).expanduser()
+    if (args.output is None) == (args.output_opt is None):
+        raise CliError("name the output once: uaii convert MODEL OUT, or uaii convert MODEL -o OUT")
+    out = Path(args.output or args.output_opt).expanduser()
     file_format(out)  # an unknown extension fails before any work
     if out.exists() and not args.force:
         raise CliError(f"{out} exists; pass --force to replace it")

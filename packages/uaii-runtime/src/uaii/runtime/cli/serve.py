@@ -27,7 +27,8 @@ def add_parsers(sub: Any) -> None:
                         description="Serve MODEL (or every model of --models-dir) over HTTP: /v1/chat/completions, "
                                     "/v1/completions, /v1/models, /health, /metrics, /tokenize; see docs/serve.md. "
                                     f"Needs the serve extra: {EXTRA_HINT}.")
-    ap.add_argument("model", nargs="?", metavar="MODEL", help="a GGUF file or a Hugging Face model directory")
+    ap.add_argument("model", nargs="?", metavar="MODEL",
+                    help="a GGUF file, a Hugging Face model directory or an ONNX file")
     ap.add_argument("--models-dir", metavar="DIR", default=None,
                     help="serve the models of DIR (GGUF files, HF directories), loaded by name on request")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
