@@ -98,7 +98,7 @@ class GraphBuilder:
         types = self._infer(probe, schema, inputs, resolved, where)
         present = [v for v in inputs if v is not None]
         if present and all(v.const is not None for v in present) and (op, version) in REFERENCE_OPS and \
-                fold_fits(types, dtypes):
+                fold_fits(types, dtypes, inputs):
             return self._fold(probe, inputs, types, dtypes, where)
         names = [self.place(v, where) if v is not None else "" for v in inputs]
         outs: list[Value] = []
@@ -278,17 +278,24 @@ class GraphBuilder:
 
 
 def fold_fits(types: Sequence[tuple[DType | None, tuple[Dim, ...] | None]],
-              dtypes: Sequence[DType | None] | None = None) -> bool:
-    """Whether every output of a node, as its schema inferred it from constant inputs, is known to fit an inline
-    constant (:data:`FOLD_LIMIT`). Decided from the types BEFORE anything is evaluated: a hostile constant
-    (Range to 2^40, ConstantOfShape of [2^20, 2^20]) must never be computed at load time; such a node stays a
-    runtime node (whose size the planner then judges)."""
+              dtypes: Sequence[DType | None] | None = None, inputs: Sequence[Value | None] = ()) -> bool:
+    """Whether a node may be folded: every output, as its schema inferred it from the constant inputs, fits an
+    inline constant (:data:`FOLD_LIMIT` bytes) and no dim of an output or input exceeds :data:`FOLD_LIMIT`
+    elements. Decided from the types BEFORE anything is evaluated: a hostile constant (Range to 2^40,
+    ConstantOfShape of [2^20, 2^20]) must never be computed at load time, and neither may the work a reference
+    does per dim of an empty tensor (Trilu of [2^40, 0] builds a mask row of 2^40). Such a node stays a runtime
+    node, whose size the planner then judges."""
+    for v in inputs:
+        if v is not None and v.const is not None and any(d > FOLD_LIMIT for d in v.const.shape):
+            return False
     for slot, (inferred, shape) in enumerate(types):
         dt = (dtypes[slot] if dtypes and slot < len(dtypes) else None) or inferred
         if dt is None or dt.is_quantized or shape is None or not all(isinstance(d, int) for d in shape):
             return False
         n = 1
         for d in shape:
+            if int(d) > FOLD_LIMIT:
+                return False
             n *= int(d)
         if n * dt.numpy.itemsize > FOLD_LIMIT:
             return False

@@ -78,11 +78,6 @@ def dim_binary(ctx: NodeContext, op: str, a: Dim, b: Dim) -> Dim | None:
         return None
 
 
-def _symbol_of(d: Dim) -> str:
-    """A dim as part of a generated name: an identifier piece (``neg3`` for -3)."""
-    return f"neg{-d}" if isinstance(d, int) and d < 0 else str(d)
-
-
 def dim_minmax(ctx: NodeContext, op: str, a: Dim, b: Dim, dtype: DType = DType.I64) -> Dim:
     """``Max``/``Min`` of two dims: ints through the reference, the common symbol, a symbol against an int <= 0
     (sizes are never negative), or a new symbol computed by that IR op at run time."""
@@ -95,7 +90,7 @@ def dim_minmax(ctx: NodeContext, op: str, a: Dim, b: Dim, dtype: DType = DType.I
     if isinstance(other, int) and other <= 0:
         return sym if op == "Max" else other
     x, y = sorted((a, b), key=lambda d: (isinstance(d, int), str(d)))
-    return _record(ctx, f"{_symbol_of(x)}_{op.lower()}_{_symbol_of(y)}", op, x, y)
+    return _record(ctx, f"{x}_{op.lower()}_{y}", op, x, y)  # (an identifier: a symbol, then a symbol or an int > 0)
 
 
 def broadcast_pairs(a: Sequence[Dim], b: Sequence[Dim]) -> list[tuple[Dim, Dim]] | None:
