@@ -9,7 +9,6 @@ the CPU backend's outputs, which must agree exactly.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Mapping
@@ -31,23 +30,6 @@ from uaii.runtime import Session
 for _module in (cases, semantics):
     globals().update({name: fn for name, fn in vars(_module).items() if name.startswith("test_") and (
         {"check", "uaii_run"} & set(inspect.signature(fn).parameters))})
-
-BF16_CONSTANTS = ("uaii.backends.cpu.ops_numpy.binary widens a bf16 constant operand to float32 (as_values) and then "
-                  "reads those floats as bf16 words again (compute(a, output dtype)): Add/Sub/Mul of bf16 with a "
-                  "constant are wrong on the CPU backend; the reference is right")
-
-
-def _known_cpu_bug(fn: Any, reason: str) -> Any:
-    """``fn`` re-collected here as a strict xfail (a wrapper: the loaders' copy of the case keeps no mark)."""
-    @functools.wraps(fn)
-    def case(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return pytest.mark.xfail(strict=True, reason=reason)(case)
-
-
-for _name in ("test_bf16_floor_and_ceil", "test_bf16_gemm_alpha_and_beta"):
-    globals()[_name] = _known_cpu_bug(globals()[_name], BF16_CONSTANTS)
 
 
 @pytest.fixture(autouse=True)

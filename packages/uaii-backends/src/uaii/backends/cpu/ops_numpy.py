@@ -19,9 +19,15 @@ from uaii.kernels import dequantize, gelu, get_rows, silu
 
 
 def compute(a: np.ndarray, dt: DType) -> np.ndarray:
-    """The values to compute with: float32 (float64 for f64) for floats, the integers themselves otherwise."""
+    """The values to compute with: float32 (float64 for f64) for floats, the integers themselves otherwise.
+
+    ``a`` may already hold values: ``as_values`` widens a float weight to float32 once at bind time, so a bf16
+    weight arrives here as float32, not as raw uint16 words, and must not be decoded a second time.
+    """
     if dt is DType.F64 or not dt.is_float:
         return a
+    if a.dtype.kind == "f" and a.dtype.itemsize >= 4:
+        return a.astype(np.float32, copy=False)
     return to_f32(a, dt)
 
 

@@ -33,6 +33,7 @@ def elementwise() -> list[Case]:
                 binary_case(op, "f16", "f16", (4, 6), (1, 6), tol=LOW)]
     out.append(binary_case("Add", "weight", "f32", (6, 16), (16,), weight_b=True))
     out.append(binary_case("Mul", "bf16", "bf16", (3, 8), (3, 8), tol=LOW))
+    out.append(binary_case("Mul", "bf16_weight", "bf16", (3, 8), (8,), tol=LOW, weight_b=True))
     return out
 
 
@@ -129,6 +130,9 @@ def norms() -> list[Case]:
     b = Builder("RMSNorm", "f16")
     x, w = b.input("x", "f16", (3, 32)), b.weight("w", "f32", (32,))
     out.append(b.case([x, w], [("y", "f16", (3, 32))], LOW))
+    b = Builder("RMSNorm", "bf16_weight")  # a bf16 checkpoint's norm weight, with bf16 activations
+    x, w = b.input("x", "bf16", (3, 32)), b.weight("w", "bf16", (32,))
+    out.append(b.case([x, w], [("y", "bf16", (3, 32))], LOW))
     for name, shape, sum_out in (("decode", (1, 64), True), ("prefill", (7, 64), True), ("no_sum", (4, 32), False)):
         b = Builder("AddRMSNorm", name)
         a, c, w = b.input("a", "f32", shape), b.input("b", "f32", shape), b.weight("w", "f32", shape[-1:])
@@ -140,6 +144,10 @@ def norms() -> list[Case]:
         x = b.input("x", "f32", shape)
         ps = [b.weight("w", "f32", shape[axis:])] + ([b.weight("bias", "f32", shape[axis:])] if bias else [])
         out.append(b.case([x, *ps], [("y", "f32", shape)], eps=1e-5, axis=axis))
+    b = Builder("LayerNorm", "bf16_weight")
+    x = b.input("x", "bf16", (4, 16))
+    ps = [b.weight("w", "bf16", (16,)), b.weight("bias", "bf16", (16,))]
+    out.append(b.case([x, *ps], [("y", "bf16", (4, 16))], LOW, eps=1e-5, axis=-1))
     for name, shape, axis in (("decode", (1, 64), -1), ("prefill", (6, 50), -1), ("axis0", (5, 7), 0)):
         b = Builder("Softmax", name)
         x = b.input("x", "f32", shape, low=-8.0, high=8.0)
