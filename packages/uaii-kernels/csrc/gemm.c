@@ -29,12 +29,6 @@
 
 enum { PATH_FLOAT, PATH_INT, PATH_INT16, PATH_DEQUANT };   /* PATH_INT16: PATH_INT with 16-bit activations */
 
-#define MAX_SHARES 16     /* contiguous shares of the chunks, one per task (tasks beyond share the shares) */
-typedef struct {
-    _Alignas(64) _Atomic int64_t next;    /* own cache line: the counters are hit by different cores */
-    int64_t end;
-} share_t;
-
 typedef struct {
     int type, path;
     const uk_traits_t *tr;
@@ -51,9 +45,7 @@ typedef struct {
     int64_t prep_stride;
     uint8_t *a8;            /* tile8 batches: the activation rows in the 8-block form, a8_stride bytes apart */
     int64_t a8_stride;
-    int64_t chunk, n_chunks;
-    int n_shares;
-    share_t shares[MAX_SHARES];
+    uk_split_t split;       /* the weight rows' chunks, shared out among the tasks */
     _Atomic int failed;
 } gemm_ctx;
 
@@ -128,14 +120,10 @@ static void process_chunk(gemm_ctx *c, int ith, int64_t i0, int64_t nr) {
 static void gemm_task(void *arg, int ith, int nth) {
     (void)nth;
     gemm_ctx *c = arg;
-    for (int j = 0; j < c->n_shares; j++) {            /* own share first, then help with the others */
-        share_t *sh = &c->shares[(ith + j) % c->n_shares];
-        for (;;) {
-            const int64_t ch = atomic_fetch_add(&sh->next, 1);
-            if (ch >= sh->end) break;
-            const int64_t i0 = ch * c->chunk;
-            process_chunk(c, ith, i0, UK_MIN(c->chunk, c->n - i0));
-        }
+    int h = 0;
+    for (int64_t ch; (ch = uk_split_take(&c->split, ith, &h)) >= 0;) {
+        const int64_t i0 = ch * c->split.chunk;
+        process_chunk(c, ith, i0, UK_MIN(c->split.chunk, c->n - i0));
     }
 }
 
@@ -245,23 +233,14 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     c.row_bytes = k / tr->elems * tr->bytes;
     c.path = path_code(type, tr, mode);
     const int nthreads = uk_get_num_threads();
+    int64_t chunk = GEMM_CHUNK;
     if (m <= GEMV_MAX_M || (m <= SMALL_M && (c.path == PATH_INT16 ||
                                              (c.path == PATH_INT && (uk_kt.gemmw[type] || uk_kt.dotqm[type]))))) {
-        /* decode rows and small batches of the kernels that need no per-chunk scratch: enough chunks to balance,
-           at least 8 rows each (long contiguous streams of cold weight bytes) */
-        int64_t per = n / ((int64_t)nthreads * 8);
-        c.chunk = UK_MAX(8, (per + 3) / 4 * 4);
-    } else {
-        c.chunk = GEMM_CHUNK;
+        /* decode rows and small batches of the kernels that need no per-chunk scratch (long contiguous streams of
+           cold weight bytes) */
+        chunk = uk_decode_chunk(n, nthreads);
     }
-    c.n_chunks = (n + c.chunk - 1) / c.chunk;
-    const double work = (double)n * (double)k * (double)m;
-    const int tasks = work < 32768.0 ? 1 : (int)UK_MIN((int64_t)nthreads, c.n_chunks);
-    c.n_shares = UK_MIN(tasks, MAX_SHARES);
-    for (int h = 0; h < c.n_shares; h++) {
-        atomic_init(&c.shares[h].next, c.n_chunks * h / c.n_shares);
-        c.shares[h].end = c.n_chunks * (h + 1) / c.n_shares;
-    }
+    const int tasks = uk_split_init(&c.split, n, chunk, (double)n * (double)k * (double)m, nthreads);
     int rc = UK_OK;
     uk_parallel_begin();
     if ((c.path == PATH_INT || c.path == PATH_INT16) && (rc = prep_activations(&c, nthreads)) != UK_OK) goto done;

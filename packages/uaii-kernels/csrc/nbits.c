@@ -35,7 +35,6 @@
 
 #define NB_MR 4            /* activation rows per weight-row pass of the integer kernel */
 #define NB_CHUNK 16        /* weight rows per chunk for batches */
-#define NB_MAX_SHARES 16
 #define NBF_NR 4           /* weight rows per pass of the float kernel (independent accumulator chains) */
 #define NBF_MR 2           /* activation rows per pass of the float kernel */
 #define NBF_BIAS 8388608.0f   /* 2^23: the float path's integer zero points are biased by it (x86_nbits.inc) */
@@ -289,11 +288,6 @@ static nb_kernels nb_pick(void) {
 
 /* --- the driver ------------------------------------------------------------------------------------------------ */
 typedef struct {
-    _Alignas(64) _Atomic int64_t next;
-    int64_t end;
-} nb_share_t;
-
-typedef struct {
     nb_layout L;
     const float *x, *bias;
     int64_t m, ldx, ldy;
@@ -303,9 +297,7 @@ typedef struct {
     uint8_t *prep;
     int64_t ps;
     _Atomic int64_t next_prep;
-    int64_t chunk, n_chunks;
-    int n_shares;
-    nb_share_t shares[NB_MAX_SHARES];
+    uk_split_t split;
     _Atomic int failed;
 } nb_ctx;
 
@@ -338,14 +330,10 @@ static void nb_chunk(nb_ctx *c, int ith, int64_t i0, int64_t nr) {
 static void nb_task(void *arg, int ith, int nth) {
     (void)nth;
     nb_ctx *c = arg;
-    for (int h = 0; h < c->n_shares; h++) {            /* own share first (one weight stream per core), then help */
-        nb_share_t *sh = &c->shares[(ith + h) % c->n_shares];
-        for (;;) {
-            const int64_t ch = atomic_fetch_add(&sh->next, 1);
-            if (ch >= sh->end) break;
-            nb_chunk(c, ith, ch * c->chunk, UK_MIN(c->chunk, c->L.n - ch * c->chunk));
-        }
-    }
+    const int64_t chunk = c->split.chunk;
+    int h = 0;
+    for (int64_t ch; (ch = uk_split_take(&c->split, ith, &h)) >= 0;)
+        nb_chunk(c, ith, ch * chunk, UK_MIN(chunk, c->L.n - ch * chunk));
 }
 
 static void nb_prep_task(void *arg, int ith, int nth) {
@@ -406,23 +394,13 @@ int uk_nbits_gemm(int bits, int block_size, const uint8_t *b, int64_t n, int64_t
     c.kern = nb_pick();
     c.fused = c.mode == 1 && m <= c.kern.fused_m;
     const int nthreads = uk_get_num_threads();
+    int64_t chunk = NB_CHUNK;
     if (c.mode == 0 ? m <= NB_MR : m <= NBF_FUSED_M) {
-        /* decode rows: enough chunks to balance, long contiguous runs of weight bytes */
-        const int64_t per = n / ((int64_t)nthreads * 8);
-        c.chunk = UK_MAX(8, (per + 3) / 4 * 4);
+        chunk = uk_decode_chunk(n, nthreads);         /* decode rows: long contiguous runs of weight bytes */
     } else if (c.mode == 1) {                         /* a chunk's f32 copy stays in the core's cache */
-        c.chunk = UK_MAX(4, UK_MIN(NB_CHUNK, NBF_CHUNK_FLOATS / k / 4 * 4));
-    } else {
-        c.chunk = NB_CHUNK;
+        chunk = UK_MAX(4, UK_MIN(NB_CHUNK, NBF_CHUNK_FLOATS / k / 4 * 4));
     }
-    c.n_chunks = (n + c.chunk - 1) / c.chunk;
-    const double work = (double)n * (double)k * (double)m;
-    const int tasks = work < 32768.0 ? 1 : (int)UK_MIN((int64_t)nthreads, c.n_chunks);
-    c.n_shares = UK_MIN(tasks, NB_MAX_SHARES);
-    for (int h = 0; h < c.n_shares; h++) {
-        atomic_init(&c.shares[h].next, c.n_chunks * h / c.n_shares);
-        c.shares[h].end = c.n_chunks * (h + 1) / c.n_shares;
-    }
+    const int tasks = uk_split_init(&c.split, n, chunk, (double)n * (double)k * (double)m, nthreads);
     uk_parallel_begin();
     if (c.mode == 0) {
         c.ps = (NB_PREP_BYTES(c.L.groups) + 63) / 64 * 64;

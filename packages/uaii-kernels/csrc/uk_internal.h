@@ -4,6 +4,7 @@
 #define UK_INTERNAL_H
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -277,5 +278,49 @@ void *uk_scratch(int slot, size_t bytes);   /* grow-only per-slot buffer (slot: 
 #define UK_MAX_THREADS 256
 #define UK_SLOT_SHARED (UK_MAX_THREADS)
 #define UK_SLOT_SHARED2 (UK_MAX_THREADS + 1)
+
+/* Work split of a call that streams weight rows (gemm.c, nbits.c): n_chunks chunks of `chunk` rows in contiguous
+   shares, one per task. A task takes its own share first (one weight stream per core, long runs of cold bytes), then
+   helps with the others', so a descheduled thread on a shared machine holds nobody up. */
+#define UK_MAX_SHARES 16
+typedef struct {
+    _Alignas(64) _Atomic int64_t next;    /* own cache line: the counters are hit by different cores */
+    int64_t end;
+} uk_share_t;
+
+typedef struct {
+    int64_t chunk, n_chunks;
+    int n_shares;
+    uk_share_t shares[UK_MAX_SHARES];
+} uk_split_t;
+
+/* Chunk size for decode rows and small batches: enough chunks to balance nthreads, at least 8 rows each. */
+static inline int64_t uk_decode_chunk(int64_t n, int nthreads) {
+    const int64_t per = n / ((int64_t)nthreads * 8);
+    return UK_MAX(8, (per + 3) / 4 * 4);
+}
+
+/* Splits n rows into chunks of `chunk`; returns how many tasks to run: 1 for work (multiply-adds) under 32768. */
+static inline int uk_split_init(uk_split_t *s, int64_t n, int64_t chunk, double work, int nthreads) {
+    s->chunk = chunk;
+    s->n_chunks = (n + chunk - 1) / chunk;
+    const int tasks = work < 32768.0 ? 1 : (int)UK_MIN((int64_t)nthreads, s->n_chunks);
+    s->n_shares = UK_MIN(tasks, UK_MAX_SHARES);
+    for (int h = 0; h < s->n_shares; h++) {
+        atomic_init(&s->shares[h].next, s->n_chunks * h / s->n_shares);
+        s->shares[h].end = s->n_chunks * (h + 1) / s->n_shares;
+    }
+    return tasks;
+}
+
+/* Task ith's next chunk index, or -1 when none is left; *h is the task's cursor over the shares (start it at 0). */
+static inline int64_t uk_split_take(uk_split_t *s, int ith, int *h) {
+    for (; *h < s->n_shares; (*h)++) {
+        uk_share_t *sh = &s->shares[(ith + *h) % s->n_shares];
+        const int64_t ch = atomic_fetch_add(&sh->next, 1);
+        if (ch < sh->end) return ch;
+    }
+    return -1;
+}
 
 #endif /* UK_INTERNAL_H */
