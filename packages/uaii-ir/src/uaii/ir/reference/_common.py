@@ -34,6 +34,12 @@ def fail(op: str, detail: str) -> Any:
     raise EvaluationError(f"[reference] {op}: {detail}")
 
 
+def same_dtype(op: str, a: Array, b: Array, names: str = "AB") -> None:
+    """Operands that ONNX types with one type variable must agree: no silent promotion."""
+    if a.dtype != b.dtype:
+        fail(op, f"{names[0]} is {a.dtype} and {names[1]} is {b.dtype}; both must have one dtype")
+
+
 # --- bf16 ---------------------------------------------------------------------------------------------------
 def bf16_to_f32(words: Array) -> Array:
     """Raw bf16 words → float32 (exact: bf16 is the upper half of a float32)."""

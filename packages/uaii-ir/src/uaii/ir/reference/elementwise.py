@@ -16,6 +16,7 @@ from uaii.ir.reference._common import (
     float_out,
     gelu64,
     is_floatlike,
+    same_dtype,
     sigmoid64,
     silu64,
     to_dtype,
@@ -142,8 +143,7 @@ def cast(x: Array, *, to: str) -> Array:
 
 # --- binary -------------------------------------------------------------------------------------------------
 def _binary(op: str, a: Array, b: Array, fn: RefFn) -> Array:
-    if a.dtype != b.dtype:
-        return fail(op, f"A is {a.dtype} and B is {b.dtype}; both must have one dtype")
+    same_dtype(op, a, b)
     if is_floatlike(a):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return float_out(fn(f64(a), f64(b)), a)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from uaii.ir.reference._common import Array, RefFn, fail, order_key
+from uaii.ir.reference._common import Array, RefFn, fail, order_key, same_dtype
 
 
 def _bool(op: str, *xs: Array) -> None:
@@ -20,8 +20,7 @@ def not_(x: Array) -> Array:
 
 
 def _compare(op: str, a: Array, b: Array, fn: RefFn) -> Array:
-    if a.dtype != b.dtype:
-        return fail(op, f"A is {a.dtype} and B is {b.dtype}; both must have one dtype")
+    same_dtype(op, a, b)
     with np.errstate(invalid="ignore"):
         return np.asarray(fn(order_key(a), order_key(b)), dtype=np.bool_)
 
@@ -74,8 +73,7 @@ def xor(a: Array, b: Array) -> Array:
 def where(condition: Array, x: Array, y: Array) -> Array:
     """output = X where condition else Y, the three broadcast together."""
     _bool("Where", condition)
-    if x.dtype != y.dtype:
-        return fail("Where", f"X is {x.dtype} and Y is {y.dtype}; both must have one dtype")
+    same_dtype("Where", x, y, "XY")
     return np.where(condition, x, y).astype(x.dtype, copy=False)
 
 
