@@ -312,6 +312,18 @@ def test_unknown_extra_input_is_not_mapped(tmp_path: Path) -> None:
     assert not plan.mapped and "token_type_ids" in plan.reason
 
 
+def test_a_graph_whose_nodes_form_a_cycle_is_refused(tmp_path: Path) -> None:
+    """Not an endless walk: the mapping's reordering of the rewritten nodes refuses a cycle (the importer then says
+    that ONNX needs the nodes in topological order)."""
+    model = genai_like(layers=1)
+    head = next(n for n in model.graph.node if "logits" in n.output)
+    head.output[:] = ["logits.pre"]
+    model.graph.node.extend([helper.make_node("Add", ["logits.pre", "logits.loop"], ["logits"]),
+                             helper.make_node("Identity", ["logits"], ["logits.loop"])])
+    plan = prepare_kv(open_onnx(save(tmp_path, model)))
+    assert not plan.mapped and "cycle" in plan.reason
+
+
 # --- H4's fixtures --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_fixture_greedy_matches_onnxruntime() -> None:

@@ -29,6 +29,9 @@ from uaii.ir.graph import (
     Tensor,
     attr,
     make_graph,
+    needed_nodes,
+    restricted,
+    topological_order,
 )
 from uaii.ir.ops import Cost, InferCtx, InferError, Op, OpKind, OpSchema, Param, TensorType, WeightAccess, WeightInput
 from uaii.ir.registry import PluginError, Registry, UnknownOpError, get_schema, register, render_markdown
@@ -42,7 +45,8 @@ __all__ = [
     "FLOAT_TYPES", "INTEGER_TYPES", "IR_VERSION", "PLAIN_TYPES", "QUANTIZED_TYPES",
     "AttrType", "Attribute", "DType", "Dim", "FormatError", "Graph", "GraphError", "Node", "StorageHint",
     "Tensor", "UaiiError", "UnsupportedDType", "WeightRef", "WeightRefError",
-    "__version__", "attr", "is_symbolic", "make_graph", "num_elements", "tensor_nbytes",
+    "__version__", "attr", "is_symbolic", "make_graph", "needed_nodes", "num_elements", "restricted",
+    "tensor_nbytes", "topological_order",
 ]
 __all__ += ["dumps_json", "from_bytes", "load", "loads_json", "save", "to_bytes"]  # serialization
 __all__ += [  # op registry and validator

@@ -12,7 +12,7 @@ import enum
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -310,6 +310,31 @@ def topological_order(deps: Mapping[int, Iterable[int]]) -> list[int]:
     return order
 
 
+def needed_nodes(nodes_io: Sequence[tuple[Iterable[str], Iterable[str]]], wanted: Iterable[str]) -> list[int]:
+    """Indices, ascending, of the nodes the ``wanted`` values depend on; ``nodes_io[i]`` = node i's (inputs,
+    outputs) names, "" for an omitted slot. Importers prune what only fed folded shape arithmetic with it, the
+    reference evaluator runs no more than a request needs."""
+    producer = {o: i for i, (_, outs) in enumerate(nodes_io) for o in outs if o}
+    seen: set[int] = set()
+    stack = [producer[w] for w in wanted if w in producer]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        stack += [producer[x] for x in nodes_io[i][0] if x in producer]
+    return sorted(seen)
+
+
+def restricted(graph: Graph, outputs: Sequence[str]) -> Graph:
+    """``graph`` computing only ``outputs``: the nodes they need and the tensors those nodes, the inputs or the
+    outputs name (an importer drops what only fed folded shape arithmetic, a rewrite an output it replaced)."""
+    nodes = tuple(graph.nodes[i] for i in needed_nodes([(n.inputs, n.outputs) for n in graph.nodes], outputs))
+    used = set(graph.inputs) | set(outputs) | {x for n in nodes for x in (*n.inputs, *n.outputs) if x}
+    tensors = tuple(t for t in graph.tensors if t.name in used)
+    return replace(graph, outputs=tuple(outputs), nodes=nodes, tensors=tensors)
+
+
 def make_graph(name: str, nodes: Iterable[Node], tensors: Iterable[Tensor], inputs: Sequence[str],
                outputs: Sequence[str], metadata: Mapping[str, str] | None = None, **kw: Any) -> Graph:
     """Convenience constructor for builders and tests."""
@@ -318,5 +343,6 @@ def make_graph(name: str, nodes: Iterable[Node], tensors: Iterable[Tensor], inpu
 
 
 __all__ = ["IR_VERSION", "MAX_INLINE_BYTES", "AttrType", "AttrValue", "Attribute", "Graph", "Node",
-           "StorageHint", "Tensor", "attr", "float_equal", "make_graph", "topological_order"]
+           "StorageHint", "Tensor", "attr", "float_equal", "make_graph", "needed_nodes",
+           "restricted", "topological_order"]
 

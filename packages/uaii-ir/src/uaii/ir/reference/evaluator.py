@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from uaii.ir.dtype import DType
-from uaii.ir.graph import Graph, Node, Tensor, topological_order
+from uaii.ir.graph import Graph, Node, Tensor, needed_nodes, topological_order
 from uaii.ir.reference._common import Array, EvaluationError, f64, is_floatlike, to_dtype
 from uaii.ir.reference.table import REFERENCE_OPS, wants_output_count
 from uaii.ir.registry import Registry, default_registry
@@ -63,19 +63,6 @@ def run_node(node: Node, inputs: Sequence[Array | None], registry: Registry | No
 
 
 # --- graph evaluation ---------------------------------------------------------------------------------------
-def _needed(graph: Graph, wanted: Sequence[str], producers: dict[str, int]) -> list[int]:
-    """Indices of the nodes the wanted values depend on."""
-    seen: set[int] = set()
-    stack = [producers[w] for w in wanted if w in producers]
-    while stack:
-        i = stack.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        stack += [producers[x] for x in graph.nodes[i].inputs if x in producers]
-    return sorted(seen)
-
-
 def _schedule(graph: Graph, needed: list[int], producers: dict[str, int]) -> list[int]:
     """Graph order if every node's producers come first, else Kahn's algorithm (lowest index first)."""
     pos = {i: n for n, i in enumerate(needed)}
@@ -180,7 +167,7 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray], weights: WeightSourc
     run = _Run(graph, weights, check_shapes)
     for name, value in feeds.items():
         run.feed(name, value)
-    order = _schedule(graph, _needed(graph, wanted, producers), producers)
+    order = _schedule(graph, needed_nodes([(n.inputs, n.outputs) for n in graph.nodes], wanted), producers)
     uses = Counter(x for i in order for x in graph.nodes[i].inputs if x)
     keep = set(wanted)
     for name in [*wanted, *(x for x in uses if x in graph.inputs)]:

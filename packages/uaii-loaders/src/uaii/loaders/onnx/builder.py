@@ -14,7 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from uaii.ir import Dim, DType, Graph, InferCtx, Node, Registry, Tensor, TensorType, UaiiError, WeightRef, attr
+from uaii.ir import (
+    Dim,
+    DType,
+    Graph,
+    InferCtx,
+    Node,
+    Registry,
+    Tensor,
+    TensorType,
+    UaiiError,
+    WeightRef,
+    attr,
+    restricted,
+)
 from uaii.ir.graph import MAX_INLINE_BYTES
 from uaii.ir.reference import REFERENCE_OPS, run_node
 
@@ -261,20 +274,9 @@ class GraphBuilder:
     # --- the result ----------------------------------------------------------------------------------------
     def build(self, name: str, inputs: Sequence[str], outputs: Sequence[str], metadata: Mapping[str, str]) -> Graph:
         """The graph restricted to what the outputs need (nodes that only fed folded shape arithmetic go)."""
-        producers = {o: i for i, n in enumerate(self.nodes) for o in n.outputs if o}
-        keep: set[int] = set()
-        stack = [producers[o] for o in outputs if o in producers]
-        while stack:
-            i = stack.pop()
-            if i in keep:
-                continue
-            keep.add(i)
-            stack += [producers[x] for x in self.nodes[i].inputs if x in producers]
-        nodes = [n for i, n in enumerate(self.nodes) if i in keep]
-        used = set(inputs) | set(outputs) | {x for n in nodes for x in (*n.inputs, *n.outputs) if x}
-        tensors = [t for t in self.tensors.values() if t.name in used]
-        return Graph(name=name, inputs=tuple(inputs), outputs=tuple(outputs), nodes=tuple(nodes),
-                     tensors=tuple(tensors), metadata=tuple(metadata.items()), producer="uaii.loaders.onnx")
+        return restricted(Graph(name=name, inputs=tuple(inputs), outputs=tuple(outputs), nodes=tuple(self.nodes),
+                                tensors=tuple(self.tensors.values()), metadata=tuple(metadata.items()),
+                                producer="uaii.loaders.onnx"), outputs)
 
 
 def fold_fits(types: Sequence[tuple[DType | None, tuple[Dim, ...] | None]],

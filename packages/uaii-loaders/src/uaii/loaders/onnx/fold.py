@@ -104,17 +104,20 @@ def broadcast_pairs(a: Sequence[Dim], b: Sequence[Dim]) -> list[tuple[Dim, Dim]]
     return None
 
 
+def dim_pairs(x: Value, y: Value) -> list[tuple[Dim, Dim]] | None:
+    """The element pairs of two size vectors (rank 0 or 1) known as dims, broadcast; None when either is not."""
+    if x.rank > 1 or y.rank > 1:
+        return None
+    a, b = x.dims(), y.dims()
+    return None if a is None or b is None else broadcast_pairs(a, b)
+
+
 def sym_binary(ctx: NodeContext, op: str, x: Value, y: Value) -> Value | None:
     """Add/Sub/Mul/Div of two integer values known as dims, at least one symbolic; None when not foldable. Int
     pairs go through the reference (:func:`int_pair`); a symbol takes part only where the result is a size."""
     if x.dtype not in INT_TYPES or y.dtype is not x.dtype or not (x.is_sym or y.is_sym):
         return None
-    if x.rank > 1 or y.rank > 1:
-        return None
-    a, b = x.dims(), y.dims()
-    if a is None or b is None:
-        return None
-    pairs = broadcast_pairs(a, b)
+    pairs = dim_pairs(x, y)
     if pairs is None:
         return None
     out: list[Dim] = []
@@ -153,12 +156,9 @@ def compare_dims(ctx: NodeContext, op: str, a: Dim, b: Dim, dtype: DType = DType
 
 
 def sym_compare(ctx: NodeContext, op: str, x: Value, y: Value) -> Value | None:
-    if not (x.is_sym or y.is_sym) or x.rank > 1 or y.rank > 1 or x.dtype is not y.dtype:
+    if not (x.is_sym or y.is_sym) or x.dtype is not y.dtype:
         return None
-    a, b = x.dims(), y.dims()
-    if a is None or b is None:
-        return None
-    pairs = broadcast_pairs(a, b)
+    pairs = dim_pairs(x, y)
     if pairs is None:
         return None
     res = [compare_dims(ctx, op, p, q, x.dtype) for p, q in pairs]

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from uaii.ir import needed_nodes
+
 from .contrib_attention import KV_ATTENTION, KV_DOMAIN, KV_GQA, POSITIONS_SLOT
 from .dispatch import MS_DOMAIN
 from .importer import ImportedGraph
@@ -434,16 +436,8 @@ class _Rewrite:
     def _prune(self) -> None:
         """Keep the nodes the new outputs need (in order: old nodes, then the new ones where first needed)."""
         keep_nodes = [n for n in self.g.node if id(n) not in self.dead] + self.new_nodes
-        producer = {o: k for k, n in enumerate(keep_nodes) for o in n.output if o}
-        needed: set[int] = set()
-        stack = [producer[o.name] for o in self.g.output if o.name in producer]
-        while stack:
-            k = stack.pop()
-            if k in needed:
-                continue
-            needed.add(k)
-            stack += [producer[i] for i in keep_nodes[k].input if i in producer]
-        order = _topological([keep_nodes[k] for k in sorted(needed)])
+        needed = needed_nodes([(n.input, n.output) for n in keep_nodes], [o.name for o in self.g.output])
+        order = _topological([keep_nodes[k] for k in needed])
         del self.g.node[:]
         self.g.node.extend(order)
         used = {i for n in order for i in n.input}
@@ -453,26 +447,27 @@ class _Rewrite:
 
 
 def _topological(nodes: list[Any]) -> list[Any]:
-    """ONNX needs producers before consumers; the new nodes were appended at the end."""
+    """ONNX needs producers before consumers; the new nodes were appended at the end. Depth first, in file order:
+    each new node lands just before its first consumer, the exporter's order is otherwise kept (the importer's
+    symbolic shape folding sees the sources of the dims in the order the exporter wrote them). A cycle is refused."""
     producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    done: list[bool] = [False] * len(nodes)
+    state = [0] * len(nodes)  # 0 unvisited, 1 on the current path, 2 placed
     out: list[Any] = []
-
-    def visit(k: int) -> None:
-        stack = [(k, False)]
+    for root in range(len(nodes)):
+        stack = [(root, False)]
         while stack:
             j, expanded = stack.pop()
-            if done[j]:
+            if state[j] == 2 or (state[j] == 1 and not expanded):
+                if state[j] == 1:
+                    raise NotMappable("the graph's nodes form a cycle")
                 continue
             if expanded:
-                done[j] = True
+                state[j] = 2
                 out.append(nodes[j])
                 continue
+            state[j] = 1
             stack.append((j, True))
-            stack += [(producer[i], False) for i in nodes[j].input if i in producer and not done[producer[i]]]
-
-    for k in range(len(nodes)):
-        visit(k)
+            stack += [(producer[i], False) for i in nodes[j].input if i in producer and state[producer[i]] != 2]
     return out
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from uaii.ir import Graph, Node, Tensor, UaiiError
+from uaii.ir import Graph, Node, Tensor, UaiiError, needed_nodes, restricted
 from uaii.ir.reference import evaluate, visible
 
 from .kv import POSITIONS, TOKENS, Layer, NotMappable
@@ -214,15 +214,8 @@ def _heads(graph: Graph, layers: list[Layer]) -> dict[int, int]:
 # --- the cost of the long probe -----------------------------------------------------------------------------------
 def _inner(graph: Graph, outputs: Sequence[str]) -> list[str]:
     """Every value the reference computes for ``outputs``."""
-    producer = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
-    seen: set[int] = set()
-    stack = [producer[o] for o in outputs if o in producer]
-    while stack:
-        i = stack.pop()
-        if i not in seen:
-            seen.add(i)
-            stack += [producer[x] for x in graph.nodes[i].inputs if x in producer]
-    return [o for i in sorted(seen) for o in graph.nodes[i].outputs if o]
+    needed = needed_nodes([(n.inputs, n.outputs) for n in graph.nodes], outputs)
+    return [o for i in needed for o in graph.nodes[i].outputs if o]
 
 
 def _held(arr: np.ndarray) -> int:
@@ -288,18 +281,7 @@ def _without(graph: Graph, outputs: set[str]) -> Graph:
     """``graph`` without the given outputs and whatever only they needed."""
     if not outputs:
         return graph
-    outs = tuple(o for o in graph.outputs if o not in outputs)
-    producer = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
-    keep: set[int] = set()
-    stack = [producer[o] for o in outs if o in producer]
-    while stack:
-        i = stack.pop()
-        if i not in keep:
-            keep.add(i)
-            stack += [producer[x] for x in graph.nodes[i].inputs if x in producer]
-    nodes = tuple(n for i, n in enumerate(graph.nodes) if i in keep)
-    used = set(graph.inputs) | set(outs) | {x for n in nodes for x in (*n.inputs, *n.outputs) if x}
-    return replace(graph, outputs=outs, nodes=nodes, tensors=tuple(t for t in graph.tensors if t.name in used))
+    return restricted(graph, [o for o in graph.outputs if o not in outputs])
 
 
 __all__ = ["DEFAULT_CONTEXT", "PROBE_BYTES", "SIZES", "verify_layers"]
