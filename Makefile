@@ -22,7 +22,7 @@ PYTEST_FLAGS ?= -q
 
 # test-<pkg> and isolation-<pkg> are pattern rules, so they are not listed: make never looks for an implicit rule
 # for a .PHONY target (`make test-ir` did nothing while they were). No file of those names exists.
-.PHONY: help uv setup demo-env demo capi test lint typecheck pytest isolation gen gen-check wheels bench bench-kernels \
+.PHONY: help uv setup demo-env demo capi test lint typecheck pytest pytest-rest isolation gen gen-check wheels bench bench-kernels \
         bench-generate bench-storage bench-kv bench-accuracy bench-gpu bench-serve clean
 
 help: ## list the targets
@@ -51,15 +51,21 @@ demo: demo-env ## SmolLM2-135M answers a question on the CPU, streaming, then it
 capi: setup ## build libuaii and the C examples/tests (native/build/; run them with `make test-capi`)
 	$(MAKE) -C native PYTHON='$(PY)'
 
-test: setup lint gen-check pytest isolation ## everything CI checks: lint, types, generated code, all tests, each package alone
+test: setup lint gen-check isolation pytest-rest ## everything CI checks: lint, types, generated code, each package's tests in a venv of that package alone, then the slow and cross-package tests
 
 lint: setup ## ruff + mypy over every package, and the import graph against pyproject (scripts/check_deps.py)
 	$(UV) run --no-sync ruff check packages tests bench scripts
 	$(UV) run --no-sync mypy
 	$(PY) scripts/check_deps.py
 
-pytest: setup ## pytest over all packages (fails when no test ran)
+pytest: setup ## pytest over all packages in .venv, slow tests included (fails when no test ran)
 	$(PY) -m pytest $(PYTEST_FLAGS) tests
+
+# What `make isolation` does not run: the slow tests of every package and the cross-package tests of
+# tests/integration, in .venv. With isolation that is every test once (`make pytest` runs them all in .venv).
+pytest-rest: setup ## the slow tests and tests/integration in .venv (the rest of `make test` after isolation)
+	$(PY) -m pytest $(PYTEST_FLAGS) -m slow tests
+	$(PY) -m pytest $(PYTEST_FLAGS) -m "not slow" tests/integration
 
 test-%: setup ## tests of one package, e.g. make test-ir
 	$(PY) -m pytest $(PYTEST_FLAGS) tests/$*
@@ -68,8 +74,10 @@ isolation: $(addprefix isolation-,$(PACKAGES)) ## every package's tests, each in
 
 # .venv-iso-<pkg>: uaii-<pkg> + what its pyproject declares (transitively) + the root's test-<pkg> group, nothing
 # else; check_isolated.py compares the installed uaii-* with that set. uv's cache makes the venvs cheap to sync.
-# The `slow` tests (real models against transformers, valgrind, wheel builds; the two real-model ones alone took 3 of
-# tests/runtime's 4.5 minutes) prove nothing more about what a package needs; they run once, in `make pytest`.
+# It is where `make test` runs every test that is not `slow`, once (each test-<pkg> group holds every reference its
+# tests use, so nothing skips here that runs in .venv). The `slow` tests (real models against transformers,
+# valgrind, wheel builds, the 100k-file fuzz) prove nothing more about what a package needs; they run in .venv
+# (`make pytest-rest`).
 ISOLATION_PYTEST_FLAGS ?= $(PYTEST_FLAGS) -m "not slow"
 isolation-%: $(UV_DEP) ## tests/<pkg> in .venv-iso-<pkg> (that package and its declared dependencies), e.g. make isolation-ir
 	UV_PROJECT_ENVIRONMENT=.venv-iso-$* $(UV) sync --package uaii-$* --no-default-groups --group test-$*

@@ -62,8 +62,10 @@ def cpu_run(path: Path, cache: CpuRuns, preset: str = "") -> tuple[list[int], tu
     return cache[path, preset]
 
 
-@pytest.mark.parametrize("budget", [0, 25], ids=["resident", "budget25"])
-@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+# Gemma-3 runs under the budget only: its ops are the same resident and streamed, and its three runs on lavapipe
+# took 4 of CI's minutes; SmolLM2 covers resident vs streamed.
+@pytest.mark.parametrize("model,budget", [("smollm2", 0), ("smollm2", 25), ("gemma3", 25)],
+                         ids=["smollm2-resident", "smollm2-budget25", "gemma3-budget25"])
 def test_greedy_tokens_match_the_cpu(model: str, budget: int, request: pytest.FixtureRequest,
                                      monkeypatch: pytest.MonkeyPatch, cpu_greedy: CpuRuns) -> None:
     """Resident, and under a device budget of 25 % of the weights (the rest streams to the device per step)."""
