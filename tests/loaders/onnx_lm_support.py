@@ -6,6 +6,7 @@ Softmax attention with a causal mask built from positions) — with onnxruntime'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,15 @@ from onnx import TensorProto, helper, numpy_helper
 from uaii.ir import Graph, Tensor, check
 from uaii.ir.kvcache import kv_layers
 from uaii.ir.reference import evaluate
+from uaii.loaders import LoadedModel
 from uaii.loaders.onnx.importer import ImportedGraph, import_graph
 from uaii.loaders.onnx.kv import KVPlan, prepare_kv
 from uaii.loaders.onnx.reader import open_onnx
 
 
-def weights_of(imported: ImportedGraph) -> Any:
+def weights_of(imported: ImportedGraph | LoadedModel) -> Any:
+    """A reader of the weights an import references (its ``weights``: file, offset, dtype, shape) for uaii.ir's
+    reference evaluator."""
     def read(t: Tensor) -> np.ndarray:
         info = imported.weights[str(t.weight)]
         count = int(np.prod(info.shape)) if info.shape else 1
@@ -31,13 +35,13 @@ def weights_of(imported: ImportedGraph) -> Any:
     return read
 
 
-def ort_run(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def ort_run(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, feeds), strict=True))
+    return dict(zip(names, sess.run(None, dict(feeds)), strict=True))
 
 
 def rope_caches(rows: int, rot: int, theta: float = 10000.0, factors: np.ndarray | None = None,

@@ -20,8 +20,8 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
+from onnx_lm_support import ort_run, weights_of  # noqa: E402  (re-exported: the semantics and CPU copies use them)
 
-from uaii.ir import Tensor  # noqa: E402
 from uaii.ir.reference import evaluate  # noqa: E402
 from uaii.loaders import LoadedModel, LoaderError, load_model  # noqa: E402
 from uaii.loaders.onnx import OnnxImportError, sanitize_symbol, supported_ops  # noqa: E402
@@ -46,21 +46,6 @@ def make(tmp: Path, nodes: list[Any], inputs: Sequence[Spec], outputs: Sequence[
     return path
 
 
-def ort_run(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, dict(feeds)), strict=True))
-
-
-def weight_reader(model: LoadedModel) -> Any:
-    def read(t: Tensor) -> np.ndarray:
-        info = model.weights[str(t.weight)]
-        n = int(np.prod(info.shape)) if info.shape else 1
-        return np.fromfile(info.file, dtype=info.dtype.numpy, count=n, offset=info.offset).reshape(info.shape)
-    return read
-
-
 def assert_match(got: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], what: str,
                  tol: float = TOL) -> None:
     for name, want in expected.items():
@@ -77,7 +62,7 @@ def check_reference(path: Path, feeds: Mapping[str, np.ndarray], tol: float = TO
     """onnxruntime vs uaii.ir's reference evaluator on ``feeds``; returns the loaded model."""
     expected = ort_run(path, feeds)
     model = load_model(path)
-    assert_match(evaluate(model.graph, dict(feeds), weight_reader(model)), expected, "reference", tol)
+    assert_match(evaluate(model.graph, dict(feeds), weights_of(model)), expected, "reference", tol)
     return model
 
 

@@ -24,7 +24,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
-from test_onnx_import import I64, F, check_reference, make, ops, ort_run, weight_reader  # noqa: E402
+from test_onnx_import import I64, F, check_reference, make, ops, ort_run, weights_of  # noqa: E402
 
 from uaii.ir import FormatError  # noqa: E402
 from uaii.ir.reference import bf16_to_f32, evaluate, f32_to_bf16  # noqa: E402
@@ -38,7 +38,7 @@ BF, I32 = TP.BFLOAT16, TP.INT32
 def run_reference(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """UAII's outputs of the model at ``path`` (uaii.ir's reference evaluator), bf16 as raw words."""
     model = load_model(path)
-    return {k: np.asarray(v) for k, v in evaluate(model.graph, dict(feeds), weight_reader(model)).items()}
+    return {k: np.asarray(v) for k, v in evaluate(model.graph, dict(feeds), weights_of(model)).items()}
 
 
 @pytest.fixture
