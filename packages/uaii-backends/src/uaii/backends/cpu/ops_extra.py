@@ -14,7 +14,7 @@ from uaii.backends.base import BackendError
 from uaii.backends.cpu.bind import Bind, Step, fptr, lib, numpy_step, status_fail
 from uaii.backends.cpu.memory import NodeInfo
 from uaii.backends.cpu.ops_fast import rope_inv_freq
-from uaii.backends.cpu.ops_numpy import as_values, compute, store
+from uaii.backends.cpu.ops_numpy import compute, operand, store
 from uaii.ir import DType, UaiiError, WeightAccess
 from uaii.kernels import DEQUANT_TYPES, PackedWeight
 
@@ -25,7 +25,7 @@ def rope(b: Bind, info: NodeInfo) -> list[Step]:
     ff_name = info.node.inputs[2] if len(info.node.inputs) > 2 else ""
     out = info.node.outputs[0]
     dt, y, x, pos = b.dtype(out), b.a(out), b.a(x_name), b.a(p_name)
-    ff = as_values(b, ff_name) if ff_name else None
+    ff = operand(b, ff_name) if ff_name else None
     attrs = info.attrs
     d = b.types[x_name].shape[-1]
     rot = int(attrs["rotary_dims"]) or d
@@ -33,7 +33,7 @@ def rope(b: Bind, info: NodeInfo) -> list[Step]:
     factor = float(attrs["attn_factor"]) if attrs["scaling_type"] == "yarn" else 1.0
 
     def step() -> None:
-        inv = rope_inv_freq(rot, attrs, None if ff is None else compute(ff, DType.F32)).astype(np.float64)
+        inv = rope_inv_freq(rot, attrs, None if ff is None else compute(*ff)).astype(np.float64)
         angle = pos.astype(np.float64)[..., :, None, None] * inv
         cos, sin = np.cos(angle) * factor, np.sin(angle) * factor
         xf = compute(x, dt).astype(np.float64)

@@ -11,8 +11,8 @@ import numpy as np
 
 from uaii.backends.cpu.bind import Bind, Step, numpy_step
 from uaii.backends.cpu.memory import NodeInfo
-from uaii.backends.cpu.ops_math import operand, raw
-from uaii.backends.cpu.ops_numpy import compute
+from uaii.backends.cpu.ops_math import raw
+from uaii.backends.cpu.ops_numpy import compute, operand
 
 COMPARE: dict[str, Callable[..., np.ndarray]] = {
     "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,

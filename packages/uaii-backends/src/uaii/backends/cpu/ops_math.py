@@ -13,19 +13,7 @@ import numpy as np
 
 from uaii.backends.cpu.bind import Bind, Step, numpy_step
 from uaii.backends.cpu.memory import NodeInfo
-from uaii.backends.cpu.ops_numpy import compute, store
-from uaii.ir import DType
-
-
-def operand(b: Bind, name: str) -> tuple[np.ndarray, DType]:
-    """The array to compute ``name`` from and the dtype it is in: a float weight or constant as float32 (converted
-    once per compile), anything else as its own array. Pass both to :func:`compute` at run time."""
-    t = b.types[name]
-    if b.is_weight(name):
-        if t.dtype.is_float and t.dtype is not DType.F64:
-            return b.f32_weight(name), DType.F32
-        return b.weight(name).raw.reshape(t.shape), t.dtype
-    return b.a(name), t.dtype
+from uaii.backends.cpu.ops_numpy import compute, operand, store
 
 
 def raw(b: Bind, name: str) -> np.ndarray:
@@ -159,4 +147,4 @@ MATH: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {
     **dict.fromkeys(("ReduceSum", "ReduceMax", "ReduceMin"), reduce), "CumSum": cumsum,
 }
 
-__all__ = ["MATH", "erf64", "operand", "raw"]
+__all__ = ["MATH", "erf64", "raw"]

@@ -19,15 +19,10 @@ from uaii.kernels import dequantize, gelu, get_rows, silu
 
 
 def compute(a: np.ndarray, dt: DType) -> np.ndarray:
-    """The values to compute with: float32 (float64 for f64) for floats, the integers themselves otherwise.
-
-    ``a`` may already hold values: ``as_values`` widens a float weight to float32 once at bind time, so a bf16
-    weight arrives here as float32, not as raw uint16 words, and must not be decoded a second time.
-    """
+    """The values to compute with: float32 (float64 for f64) for floats, the integers themselves otherwise. ``dt``
+    is the dtype ``a`` is in (what :func:`operand` says), not necessarily the value's declared one."""
     if dt is DType.F64 or not dt.is_float:
         return a
-    if a.dtype.kind == "f" and a.dtype.itemsize >= 4:
-        return a.astype(np.float32, copy=False)
     return to_f32(a, dt)
 
 
@@ -41,14 +36,16 @@ def qbytes(a: np.ndarray, t: VType) -> np.ndarray:
     return a.reshape(*t.shape[:-1], row)
 
 
-def as_values(b: Bind, name: str) -> np.ndarray:
-    """Float32 values of a float input (weights dequantized once), integers as they are."""
+def operand(b: Bind, name: str) -> tuple[np.ndarray, DType]:
+    """The array to compute ``name`` from and the dtype it is in: a float or block-quantized weight (or constant)
+    as float32, converted once per compile (a streamed one per run, Bind.f32_weight); anything else as its own
+    array. Pass both to :func:`compute` at run time: a bf16 weight is float32 here, not bf16 words."""
     if b.is_weight(name):
         w = b.weight(name)
         if w.dtype.is_quantized or (w.dtype.is_float and w.dtype is not DType.F64):
-            return b.f32_weight(name)
-        return w.raw
-    return b.a(name)
+            return b.f32_weight(name), DType.F32
+        return w.raw.reshape(b.types[name].shape), w.dtype
+    return b.a(name), b.types[name].dtype
 
 
 # --- elementwise -------------------------------------------------------------------------------------------
@@ -100,10 +97,10 @@ def binary(b: Bind, info: NodeInfo) -> list[Step]:
     an, bn = info.node.inputs
     out = info.node.outputs[0]
     dt, fn, y = b.dtype(out), BINARY[info.node.op], b.a(out)
-    a1, a2 = as_values(b, an), as_values(b, bn)
+    (a1, d1), (a2, d2) = operand(b, an), operand(b, bn)
     if dt is DType.F32 and info.node.op != "Div" and a1.dtype == a2.dtype == np.float32:
         return [numpy_step(lambda: fn(a1, a2, out=y))]
-    return [numpy_step(lambda: store(y, fn(compute(a1, dt), compute(a2, dt)), dt))]
+    return [numpy_step(lambda: store(y, fn(compute(a1, d1), compute(a2, d2)), dt))]
 
 
 def cast(b: Bind, info: NodeInfo) -> list[Step]:
@@ -156,10 +153,10 @@ def matmul(b: Bind, info: NodeInfo) -> list[Step]:
     a_name, w_name = info.node.inputs[:2]
     out = info.node.outputs[0]
     dt, y, relu = b.dtype(out), b.a(out), info.node.op == "MatMulRelu"
-    a, w = b.a(a_name), as_values(b, w_name)
+    a, (w, wdt) = b.a(a_name), operand(b, w_name)
 
     def step() -> None:
-        bm = compute(w, b.types[w_name].dtype) if not b.is_weight(w_name) else w
+        bm = compute(w, wdt)
         bm = np.swapaxes(bm, -1, -2) if info.attrs["transpose_b"] else bm
         r = np.matmul(compute(a, dt), bm.astype(np.float32, copy=False))
         store(y, np.maximum(r, 0) if relu else r, dt)
@@ -179,14 +176,14 @@ def grouped_matmul(b: Bind, info: NodeInfo) -> list[Step]:
 def gemm(b: Bind, info: NodeInfo) -> list[Step]:
     ins, out = info.node.inputs, info.node.outputs[0]
     dt, y, at = b.dtype(out), b.a(out), info.attrs
-    a, w = as_values(b, ins[0]), as_values(b, ins[1])
-    c = as_values(b, ins[2]) if len(ins) > 2 and ins[2] else None
+    (a, ad), (w, wd) = operand(b, ins[0]), operand(b, ins[1])
+    c = operand(b, ins[2]) if len(ins) > 2 and ins[2] else None
 
     def step() -> None:
-        am, bm = compute(a, dt), w.astype(np.float32, copy=False)
+        am, bm = compute(a, ad), compute(w, wd).astype(np.float32, copy=False)
         r = at["alpha"] * (am.T if at["transA"] else am) @ (bm.T if at["transB"] else bm)
         if c is not None:
-            r = r + at["beta"] * compute(c, dt)
+            r = r + at["beta"] * compute(*c)
         store(y, r, dt)
 
     return [numpy_step(step)]
@@ -201,8 +198,7 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float, unit: bool) -> np.ndarray:
 def rms_norm(b: Bind, info: NodeInfo) -> list[Step]:
     out = info.node.outputs[0]
     dt, y = b.dtype(out), b.a(out)
-    x, w = b.a(info.node.inputs[0]), as_values(b, info.node.inputs[1])
-    wdt = b.types[info.node.inputs[1]].dtype
+    x, (w, wdt) = b.a(info.node.inputs[0]), operand(b, info.node.inputs[1])
     eps, unit = float(info.attrs["eps"]), bool(info.attrs["add_unit_offset"])
     return [numpy_step(lambda: store(y, _rms(compute(x, dt), compute(w, wdt), eps, unit), dt))]
 
@@ -212,7 +208,7 @@ def add_rms_norm(b: Bind, info: NodeInfo) -> list[Step]:
     dt, y = b.dtype(outs[0]), b.a(outs[0])
     s = b.a(outs[1]) if len(outs) > 1 and outs[1] else None
     a1, a2 = b.a(info.node.inputs[0]), b.a(info.node.inputs[1])
-    w, wdt = as_values(b, info.node.inputs[2]), b.types[info.node.inputs[2]].dtype
+    w, wdt = operand(b, info.node.inputs[2])
     eps, unit = float(info.attrs["eps"]), bool(info.attrs["add_unit_offset"])
 
     def step() -> None:
@@ -229,7 +225,7 @@ def layer_norm(b: Bind, info: NodeInfo) -> list[Step]:
     out = info.node.outputs[0]
     dt, y = b.dtype(out), b.a(out)
     x = b.a(info.node.inputs[0])
-    params = [(as_values(b, n), b.types[n].dtype) if n else None for n in info.node.inputs[1:3]]
+    params = [operand(b, n) if n else None for n in info.node.inputs[1:3]]
     eps, axis = float(info.attrs["eps"]), info.attrs["axis"]
 
     def step() -> None:
@@ -398,4 +394,4 @@ NUMPY: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {
     "Split": split, "Slice": slice_, "Embedding": embedding, "Gather": gather,
 }
 
-__all__ = ["NUMPY", "compute", "qbytes", "slice_index", "store"]
+__all__ = ["NUMPY", "compute", "operand", "qbytes", "slice_index", "store"]
