@@ -108,6 +108,9 @@ def matmul() -> list[Case]:
         w = b.weight("w", "f32", (6, 8) if attrs else (8, 6))
         c = b.input("c", "f32", (6,))
         out.append(b.case([a, w, c], [("y", "f32", (4, 6))], params=attrs))
+    b = Builder("Gemm", "bf16_activations")  # B and C fed at run time as bf16 words, not weights
+    a, w, c = b.input("a", "bf16", (4, 8)), b.input("b", "bf16", (8, 6)), b.input("c", "bf16", (6,))
+    out.append(b.case([a, w, c], [("y", "bf16", (4, 6))], LOW))
     b = Builder("Gemm", "q8_0_bias")
     a, w, c = b.input("a", "f32", (3, 64)), b.weight("w", "q8_0", (16, 64)), b.input("c", "f32", (3, 1))
     out.append(b.case([a, w, c], [("y", "f32", (3, 16))], Q8_ACT, transB=True, alpha=0.5, beta=2.0))
