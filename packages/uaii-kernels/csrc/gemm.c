@@ -9,7 +9,8 @@
  *          order as a decode row, so that prefill and decode give the same bits (a model amplifies a last-bit
  *          difference layer by layer through its activation quantizers): the wide GEMV kernels run once per
  *          activation row; small batches (2-8 rows: batched decode steps) of the legacy types take the multi-row
- *          dot (dotqm: each weight row unpacked once for 4 activation rows, no scratch); larger batches of the
+ *          dot (dotqm: the activation rows in the 8-block form, each weight group unpacked into the same slices
+ *          in registers once for 4 rows, no weight scratch, no horizontal sums); larger batches of the
  *          types with a direct dot pack a chunk of weight rows into the 8-block form
  *          (x86_pack8.inc) once and run tile8 over every activation row, which repeats the dot's sums; the
  *          others (scalar, NEON) repack the chunk into the tile form (repack.c), which decode rows use too.
@@ -65,7 +66,7 @@ static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float 
     if (dotm && m > 1 && m <= SMALL_M) {         /* batched decode steps: each weight row unpacked once per 4 rows */
         for (int64_t i = 0; i < nr; i++)
             for (int64_t j = 0; j < m; j += 4)
-                dotm(k, w + i * c->row_bytes, (int)UK_MIN(4, m - j), c->aq + j * k, c->ad + j * nb, c->as + j * nb,
+                dotm(nb, w + i * c->row_bytes, (int)UK_MIN(4, m - j), c->a8 + j * c->a8_stride, c->a8_stride,
                      y + j * c->ldy + i, c->ldy);
         return;
     }
@@ -170,8 +171,8 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));
         if (!c->prep) return UK_E_NOMEM;
-    } else if (m > GEMV_MAX_M && uk_kt.dotq[c->type] && uk_kt.pack8[c->type] &&
-               !(uk_kt.dotqm[c->type] && m <= SMALL_M)) {
+    } else if ((uk_kt.dotqm[c->type] && m > 1 && m <= SMALL_M) ||
+               (m > GEMV_MAX_M && uk_kt.dotq[c->type] && uk_kt.pack8[c->type])) {   /* see int_chunk */
         c->a8_stride = (nb + 7) / 8 * UK_A8_BYTES;
         c->a8 = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->a8_stride));
         if (!c->a8) return UK_E_NOMEM;

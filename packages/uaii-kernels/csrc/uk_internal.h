@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -148,10 +149,11 @@ void uk_aprep8(int64_t k, const int8_t *aq, const float *ad, const float *as, ui
 /* --- kernel table, filled per ISA --------------------------------------------------------------------------- */
 /* direct integer GEMV: one weight row . quantized activation row */
 typedef float (*uk_dotq_fn)(int64_t k, const void *w, const int8_t *aq, const float *ad, const float *as);
-/* y[j * ldy] = dotq(w, activation row j) for j < mr (<= 4): rows k bytes (aq) and k / 32 floats (ad, as) apart; the
-   float operations of each pair are dotq's in its order (the same bits), the weight blocks unpacked once for all */
-typedef void (*uk_dotqm_fn)(int64_t k, const void *w, int mr, const int8_t *aq, const float *ad, const float *as,
-                            float *y, int64_t ldy);
+/* y[j * ldy] = dotq(w, activation row j) for j < mr (<= 4), the rows in the 8-block form (uk_aprep8, a8_stride
+   bytes apart): the float operations of each pair are dotq's in its order (the same bits), each weight group
+   unpacked once for all rows */
+typedef void (*uk_dotqm_fn)(int64_t nb, const void *w, int mr, const uint8_t *a8, int64_t a8_stride, float *y,
+                            int64_t ldy);
 /* wide GEMV (x86_gemv512.inc): the quantized activation row rearranged once per call by gprep into at most
    UK_GPREP_BYTES(k) bytes (64-byte aligned), then gemmw over the weight rows */
 typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);
@@ -180,8 +182,8 @@ typedef void (*uk_tilef_fn)(int64_t k, int nr, int mr, const float *w, int64_t l
 /* The 8-block form of the x86 batch kernels (x86_pack8.inc, x86_gemm.inc). Why it exists: a model quantizes every
    layer's activations, so a last-bit difference between the batch (prefill) and the decode kernels grows layer by
    layer into visibly different logits; the batch kernels must therefore sum in exactly the decode kernels' order
-   (x86_gemv.inc: the integer dots of 8 blocks as one vector of 8 lanes, one multiply-add per 8 blocks, blocks past
-   the last group of 8 one by one). Integer sums are exact in any order, so the weight bytes are only rearranged for
+   (x86_gemv.inc: the integer dots of 8 blocks as one vector of 8 lanes, one multiply-add per 8 blocks, the blocks
+   past the last group of 8 as one zero-padded group). Integer sums are exact in any order, so the weight bytes are only rearranged for
    the batch kernel: per weight row and group of 8 blocks of 32 values (the last group zero-padded; with 1-4 blocks
    only 4 slices, each holding words t and t + 4), 8 slices of 32 bytes (slice s, 4-byte lane l: values 4s..4s+3
    of block l, so 8 VPDPBUSD leave block l's dot in lane l), then
