@@ -100,7 +100,9 @@ int uk_glu(int kind, const float *gate, int64_t gate_stride, const float *up, in
     if (kind < 0 || kind > 2 || rows < 0 || n <= 0 || gate_stride < n || up_stride < n) return UK_E_ARG;
     rows_ctx c = {.op = OP_GLU, .kind = kind, .x = gate, .u = up, .y = y, .rows = rows, .n = n,
                   .xs = gate_stride, .us = up_stride, .ys = n};
-    return run_rows(&c, rows * n);
+    /* an exp and a divide per element cost ~8 of a norm's elements: a batched decode step's few rows (4 x 1536
+       of SwiGLU) are worth both threads; each row is still one task's whole row, so its bits do not change */
+    return run_rows(&c, rows * n * 8);
 }
 
 int uk_rope(const float *x, float *y, int64_t t, int64_t h, int64_t d, int64_t n_rot, const int32_t *pos,
