@@ -159,7 +159,7 @@ int uk_attention(const float *q, const void *k, const void *v, float *out, int64
 /* Asks for a row's cached slots 0..n-1 as one sequential stream: the units read them head by head, a few hundred
    bytes out of every slot, which the hardware prefetchers follow poorly from a cold cache (a decode step's GEMMs
    evict the cache between layers). Reads nothing: the bits do not change. */
-#define ATTN_PREFETCH_MAX (4 << 20)   /* short contexts, where latency dominates; longer ones stream anyway */
+#define ATTN_PREFETCH_MAX (256 << 10)   /* short contexts, where latency dominates; longer ones stream anyway */
 static void attn_prefetch(const void *cache, int64_t bytes) {
     const char *p = cache;
     for (int64_t o = 0; o < bytes; o += 64) ATTN_PREFETCH(p + o);
