@@ -177,7 +177,9 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
         c->a8 = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->a8_stride));
         if (!c->a8) return UK_E_NOMEM;
     }
-    if (m * k < 65536) {
+    /* a batched decode step's rows split over the threads (4 x 576: each row's quantization and layout is ~1-2 us
+       that the other thread spent spinning before its first chunk); one row, or a few short ones, stay here */
+    if (m < 2 || m * k < 2048 || nthreads < 2) {
         for (int64_t j = 0; j < m; j++) prep_row(c, j);
     } else {
         prep_ctx p = {.c = c};
