@@ -17,7 +17,7 @@ hits both alike. It prints both and their ratio (the goal is >= 2.5: batching tu
 rows).
 
     uv run --no-sync python bench/bench_serve.py                 # 128 tokens per client, 4 clients
-    uv run --no-sync python bench/bench_serve.py --tokens 128 --clients 8 --threads 2
+    uv run --no-sync python bench/bench_serve.py --tokens 64 --clients 8 --threads 2
 """
 
 from __future__ import annotations

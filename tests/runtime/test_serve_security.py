@@ -205,6 +205,17 @@ def test_without_the_extra_the_command_names_it(monkeypatch: pytest.MonkeyPatch,
     assert len(err.strip().splitlines()) == 1
 
 
+def test_the_server_names_its_event_loop_and_http_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop and httptools (the serve extra's) when importable, else asyncio's loop and h11, never uvicorn's
+    "auto" guess."""
+    from uaii.runtime.cli import serve as serve_cli
+
+    assert serve_cli.server_stack() == ("uvloop" if sys.platform != "win32" else "asyncio", "httptools")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "httptools", None)
+    assert serve_cli.server_stack() == ("asyncio", "h11")
+
+
 # ------------------------------------------------------------------------------------------ web pages, rebinding
 @pytest.fixture(scope="module")
 def keyless(smollm2_path: Path) -> Iterator[str]:

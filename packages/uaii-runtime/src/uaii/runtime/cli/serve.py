@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,32 @@ def cmd_serve(args: argparse.Namespace, ctx: Context) -> int:
         from .app import debug_level  # (app imports this module)
 
         debug = debug_level() > 0
+        loop, http = server_stack()
         config = uvicorn.Config(serve.create_app(state), log_level="info" if debug else "warning",
-                                access_log=debug, lifespan="on",
+                                access_log=debug, lifespan="on", loop=loop, http=http,
                                 timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
     return 0
+
+
+def server_stack() -> tuple[str, str]:
+    """uvicorn's event loop and HTTP implementation: uvloop and httptools, which the serve extra installs (uvloop
+    where it exists: not on Windows), else asyncio's own loop and h11. Named here rather than left to uvicorn's
+    "auto": a streamed token cost the event loop ~0.25-0.29 ms of CPU with asyncio and h11, ~0.18-0.21 ms with
+    these, on the same cores as the decode (docs/benchmarks.md, serving)."""
+    try:
+        import_module("uvloop")
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    try:
+        import_module("httptools")
+        http = "httptools"
+    except ImportError:
+        http = "h11"
+    return loop, http
 
 
 def _models(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
