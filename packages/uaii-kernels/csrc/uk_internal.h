@@ -184,9 +184,9 @@ typedef void (*uk_tilef_fn)(int64_t k, int nr, int mr, const float *w, int64_t l
    layer into visibly different logits; the batch kernels must therefore sum in exactly the decode kernels' order
    (x86_gemv.inc: the integer dots of 8 blocks as one vector of 8 lanes, one multiply-add per 8 blocks, the blocks
    past the last group of 8 as one zero-padded group). Integer sums are exact in any order, so the weight bytes are
-   only rearranged for the batch kernel: per weight row and group of 8 blocks of 32 values (the last group zero-padded; with 1-4 blocks
-   only 4 slices, each holding words t and t + 4), 8 slices of 32 bytes (slice s, 4-byte lane l: values 4s..4s+3
-   of block l, so 8 VPDPBUSD leave block l's dot in lane l), then
+   only rearranged for the batch kernel: per weight row and group of 8 blocks of 32 values (the last group
+   zero-padded; with 1-4 blocks only 4 slices, each holding words t and t + 4), 8 slices of 32 bytes (slice s,
+   4-byte lane l: values 4s..4s+3 of block l, so 8 VPDPBUSD leave block l's dot in lane l), then
    per block: sw (its scale), mw (its min term: added as mw * s_a, or for Q2_K as mw * d_a * integer mins), two int32
    sub-scales (values 0..15, 16..31) and two int32 mins (Q2_K). Signed values are stored + 128 on VNNI ISAs (the
    offset is taken out through the start value of the dot: -128 * the activation sum). The activation rows get the
