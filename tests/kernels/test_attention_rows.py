@@ -115,3 +115,24 @@ def test_no_rows_and_bad_arguments(rng: np.random.Generator) -> None:
     with pytest.raises(AssertionError):
         _rows_call([row], q, kv, kv, scale=1.0)
     assert not row.k[5].any()  # refused before any row was stored
+
+
+def test_f16_cache_stores_are_numpys_cast(isa: str, rng: np.random.Generator) -> None:
+    """The new keys and values go into an f16 cache as numpy's float16 cast rounds them, on every ISA (the x86 ones
+    convert 8 at a time with F16C, which would quiet a NaN numpy keeps the payload of): ties, overflow to inf,
+    subnormals, NaNs of every kind and random bit patterns."""
+    special = np.array([0x7F800001, 0x7FC00001, 0xFFA00000, 0x7F802000, 0x7FFFFFFF, 0x7F800000, 0xFF800000,
+                        0x477FE000, 0x477FEFFF, 0x477FF000, 0x47800000, 0x33000000, 0x33000001, 0x387FC000,
+                        0x38800000, 0x80000000, 0x00000001, 0x3F801000, 0x3F803000, 0x3F800FFF], np.uint32)
+    bits = rng.integers(0, 2**32, 64 * HKV * D, dtype=np.uint64).astype(np.uint32)
+    bits[:special.size] = special
+    bits[200:200 + special.size] = special  # again, 8-aligned differently
+    values = bits.view(np.float32).reshape(64, HKV, D)
+    rows = [Row(rng, 0, np.float16, capacity=2) for _ in range(64)]
+    q = np.zeros((64, HQ, D), np.float32)
+    v_new = np.zeros((64, HKV, DV), np.float32)
+    with np.errstate(all="ignore"):
+        _rows_call(rows, q, values, v_new, scale=0.125)
+        want = values.astype(np.float16)
+    got = np.stack([r.k[0] for r in rows])
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -235,6 +235,8 @@ typedef struct {
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);    /* y += a x */
     void (*axpy_f16)(int64_t n, float a, const uint16_t *x, float *y);
     void (*exp_shift)(float *x, int64_t n, float shift);               /* x = exp(x - shift) */
+    float (*scale_max)(float *x, int64_t n, float scale);              /* x *= scale; the largest x (NaN skipped) */
+    void (*to_f16)(const float *x, int64_t n, uint16_t *y);            /* y = x as uk_fp32_to_fp16 rounds it */
     /* attention rows for the g query heads of one kv head (queries q + j d, rows `stride` elements apart), each
        cache row read once for all g: out[j n + i] = q_j . row idx[i]; o_j (o + j dv) += p[j n + i] * row idx[i],
        in key order. tmp: 4 max(d, dv) floats of scratch (f16 rows widened once); each head's bits: a lone head's. */
