@@ -225,6 +225,12 @@ void uk_parallel_run(uk_task_fn fn, void *ctx, int max_tasks) {
     }
 }
 
+void uk_wait_count(_Atomic int64_t *count, int64_t target) {
+    spin_t sp = {0, 0};
+    while (atomic_load(count) < target)
+        if (!spin_step(&sp)) sched_yield();
+}
+
 void *uk_scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= UK_MAX_THREADS + 2) return NULL;
     if (P.scratch_size[slot] < bytes) {

@@ -279,6 +279,9 @@ void uk_parallel_begin(void);
 void uk_parallel_end(void);
 void uk_parallel_run(uk_task_fn fn, void *ctx, int max_tasks);
 void *uk_scratch(int slot, size_t bytes);   /* grow-only per-slot buffer (slot: 0..UK_MAX_THREADS+1), 64-aligned */
+/* Waits inside a task until *count >= target: for work other tasks have already taken (never for work nobody
+   took: a task may not count on the others running); spins, then yields the core. */
+void uk_wait_count(_Atomic int64_t *count, int64_t target);
 #define UK_MAX_THREADS 256
 #define UK_SLOT_SHARED (UK_MAX_THREADS)
 #define UK_SLOT_SHARED2 (UK_MAX_THREADS + 1)
