@@ -4,6 +4,10 @@ the SIMD builds of the row kernels must agree with the scalar build bit for bit.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,6 +77,37 @@ def test_rope(neox: bool, n_rot: int, isa: str, rng: np.random.Generator) -> Non
     y = x.copy()
     K.rope(y, pos, inv, neox=neox, attn_factor=1.1, out=y)   # in place, with an attention factor
     np.testing.assert_allclose(y, R.rope(x, pos, inv, neox=neox, attn_factor=1.1), **ROPE)
+
+
+def test_rope_remembered_angles_are_a_fresh_computation(rng: np.random.Generator) -> None:
+    """uk_rope remembers the cos/sin of recent positions per thread (a decode step rotates the same positions in
+    every layer): a call after others gives the bits of the first call of a fresh process, for the same position
+    with other frequencies (also a table rewritten in place, at the same address), another attention factor or
+    rotary width, and more positions than the cache holds."""
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    inv = K.rope_inv_freq(64, 10000.0)
+    cases = [(np.array([5, 6, 7]), inv.copy(), 1.0), (np.array([5, 6, 7]), K.rope_inv_freq(64, 500000.0), 1.0),
+             (np.array([5, 6, 7]), inv.copy(), 1.25), (np.array([7, 5, 9]), K.rope_inv_freq(32, 10000.0), 1.0)]
+    code = ("import sys, numpy as np, uaii.kernels as K\n"
+            "x, pos, inv, attn = np.load(sys.argv[1]), np.load(sys.argv[2]), np.load(sys.argv[3]), float(sys.argv[4])\n"
+            "sys.stdout.buffer.write(K.rope(x, pos, inv, attn_factor=attn).tobytes())")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (pos, table, attn) in enumerate(cases):
+            files = [Path(tmp, f"{i}_{n}.npy") for n in ("x", "pos", "inv")]
+            for f, a in zip(files, (x, pos.astype(np.int32), table), strict=True):
+                np.save(f, a)
+            fresh = subprocess.run([sys.executable, "-c", code, *map(str, files), str(attn)], check=True,
+                                   capture_output=True).stdout
+            shared = inv  # one address, rewritten in place: a cache keyed by the pointer would hand back stale angles
+            if table.size == inv.size:
+                shared[:] = table
+            got = K.rope(x, pos, shared if table.size == inv.size else table, attn_factor=attn)
+            assert got.tobytes() == fresh, f"case {i}"
+        many = np.arange(40, dtype=np.int32)  # more positions than the cache's entries, twice
+        y = rng.standard_normal((40, 2, 64)).astype(np.float32)
+        first = K.rope(y, many, inv)
+        np.testing.assert_array_equal(K.rope(y, many, inv), first)
+        np.testing.assert_array_equal(K.rope(y[::-1].copy(), many[::-1].copy(), inv), first[::-1])
 
 
 def test_rope_frequency_scaling() -> None:

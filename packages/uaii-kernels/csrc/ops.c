@@ -19,14 +19,60 @@ typedef struct {
 
 enum { OP_RMS, OP_LN, OP_SOFTMAX, OP_GLU, OP_ACT, OP_ROPE };
 
-static void rope_token(rows_ctx *c, int64_t t) {
-    float cs[2048], sn[2048];
-    const int64_t half = c->n_rot / 2;
+/* The cos/sin of a token's position, remembered per thread: a decode step rotates the same positions' queries and
+   keys in every layer (2 x 30 calls of SmolLM2 per token), and the 2 x n_rot/2 double-precision sin/cos were most
+   of a RoPE call. An entry is used only for the same position, rotary width, attention factor and frequencies (its
+   own copy of them, compared by value: a new table at a freed one's address is not confused with it), so the
+   values are those a fresh computation gives. */
+#define ROPE_CACHE 8               /* entries per thread (a batched step's rows have as many positions) */
+#define ROPE_CACHE_HALF 128        /* entries hold rotary widths up to 256 */
+typedef struct {
+    int32_t pos, half;
+    float attn;
+    float inv[ROPE_CACHE_HALF], cs[ROPE_CACHE_HALF], sn[ROPE_CACHE_HALF];
+} rope_entry;
+static _Thread_local rope_entry rope_cache[ROPE_CACHE];
+static _Thread_local int rope_cache_next;
+
+static void rope_angles(int32_t pos, const float *inv_freq, int64_t half, float attn, float *cs, float *sn) {
     for (int64_t i = 0; i < half; i++) {
-        const double th = (double)c->pos[t] * (double)c->inv_freq[i];
-        cs[i] = (float)cos(th) * c->attn;
-        sn[i] = (float)sin(th) * c->attn;
+        const double th = (double)pos * (double)inv_freq[i];
+        cs[i] = (float)cos(th) * attn;
+        sn[i] = (float)sin(th) * attn;
     }
+}
+
+/* the cos and sin rows of this call's token t: cached when they fit an entry, else into cs/sn */
+static void rope_lookup(const rows_ctx *c, int64_t t, const float **cs, const float **sn, float *cs_tmp,
+                        float *sn_tmp) {
+    const int64_t half = c->n_rot / 2;
+    const int32_t pos = c->pos[t];
+    if (half > ROPE_CACHE_HALF) {
+        rope_angles(pos, c->inv_freq, half, c->attn, cs_tmp, sn_tmp);
+        *cs = cs_tmp, *sn = sn_tmp;
+        return;
+    }
+    for (int e = 0; e < ROPE_CACHE; e++) {
+        const rope_entry *r = &rope_cache[e];
+        if (r->half == half && r->pos == pos && memcmp(&r->attn, &c->attn, sizeof(float)) == 0 &&
+            memcmp(r->inv, c->inv_freq, (size_t)half * sizeof(float)) == 0) {
+            *cs = r->cs, *sn = r->sn;
+            return;
+        }
+    }
+    rope_entry *r = &rope_cache[rope_cache_next];
+    rope_cache_next = (rope_cache_next + 1) % ROPE_CACHE;
+    r->half = 0;                   /* not an entry until filled */
+    rope_angles(pos, c->inv_freq, half, c->attn, r->cs, r->sn);
+    memcpy(r->inv, c->inv_freq, (size_t)half * sizeof(float));
+    r->pos = pos, r->attn = c->attn, r->half = (int32_t)half;
+    *cs = r->cs, *sn = r->sn;
+}
+
+static void rope_token(rows_ctx *c, int64_t t) {
+    float cs_tmp[2048], sn_tmp[2048];
+    const float *cs, *sn;
+    rope_lookup(c, t, &cs, &sn, cs_tmp, sn_tmp);
     for (int64_t hh = 0; hh < c->h; hh++) {
         const int64_t off = (t * c->h + hh) * c->d;
         uk_kt.rope_row(c->x + off, c->y + off, c->d, c->n_rot, cs, sn, c->neox);
