@@ -156,8 +156,9 @@ TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
-def save_tiny(arch: str, out: Path, max_shard_size: str | None = None, bf16: bool = False) -> Path:
-    """Save a tiny random model of ``arch`` with transformers' save_pretrained (safetensors, f32 or bf16)."""
+def save_tiny(arch: str, out: Path, max_shard_size: str | None = None, bf16: bool = False, safe: bool = True) -> Path:
+    """Save a tiny random model of ``arch`` with transformers' save_pretrained (safetensors, or PyTorch checkpoints
+    with ``safe=False``; f32 or bf16)."""
     import torch
     import transformers
 
@@ -168,7 +169,7 @@ def save_tiny(arch: str, out: Path, max_shard_size: str | None = None, bf16: boo
     if bf16:
         model = model.to(torch.bfloat16)
 
-    kw: dict[str, Any] = {"safe_serialization": True}
+    kw: dict[str, Any] = {"safe_serialization": safe}
     if max_shard_size:
         kw["max_shard_size"] = max_shard_size
     model.save_pretrained(out, **kw)

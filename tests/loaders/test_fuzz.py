@@ -1,4 +1,4 @@
-"""Mutation fuzzing of the GGUF and safetensors readers.
+"""Mutation fuzzing of the GGUF, safetensors and PyTorch checkpoint readers.
 
 Small valid files are mutated (bit flips, extreme counts and lengths written over header fields, truncation,
 insertion, deletion, JSON-aware edits of safetensors headers). Every case must either parse into tensors that
@@ -11,11 +11,13 @@ UAII_FUZZ_CASES (default 10000 per format) and UAII_FUZZ_SEED scale and vary the
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import struct
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -221,3 +223,50 @@ def test_safetensors_fuzz(tmp_path: Path) -> None:
                 disagreements["stricter"] += 1
         assert not (ours and not ref), f"the reference rejects a file we accept: {data[:200]!r}"
     print(f"safetensors vs reference: {dict(disagreements)} stricter rejections")
+
+
+def _torch_bases(tmp_path: Path) -> list[bytes]:
+    """A torch.save archive and a legacy-format file of a small state dict (f32, bf16, a tied and a view tensor)."""
+    torch = pytest.importorskip("torch")
+    w = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    sd = {"w": w, "tied": w, "rows": w[2:4], "bf": w.to(torch.bfloat16), "b": torch.ones(4)}
+    out = []
+    for zipped in (True, False):
+        p = tmp_path / f"base{int(zipped)}.bin"
+        torch.save(sd, p, _use_new_zipfile_serialization=zipped)
+        out.append(p.read_bytes())
+    return out
+
+
+def test_torch_checkpoint_fuzz(tmp_path: Path) -> None:
+    """torch.save archives and legacy files mutated (the pickle inside a zip is CRC-checked, so the zip cases mostly
+    exercise the container), and bare pickles mutated through the pickle machine itself: FormatError or tensors
+    inside the file, nothing else, no case slower than SLOW_CASE_S."""
+    from uaii.loaders.torch_checkpoint import open_checkpoint
+    from uaii.loaders.torch_pickle import load
+
+    zipped, legacy = _torch_bases(tmp_path)
+    with zipfile.ZipFile(io.BytesIO(zipped)) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    rng = random.Random(SEED)
+    case = tmp_path / "case.bin"
+
+    def parse_file_bytes(data: bytes) -> object:
+        case.write_bytes(data)
+        return open_checkpoint(case)
+
+    def inside(parsed: object, data: bytes) -> None:
+        for t in parsed.tensors.values():  # type: ignore[attr-defined]
+            assert t.offset >= 0 and t.end <= len(data) and t.nbytes == tensor_nbytes(t.dtype, t.shape)
+
+    for name, base, hot in (("zip", zipped, len(zipped)), ("legacy", legacy, len(legacy))):
+        stats = _run(CASES, lambda i, b=base, h=hot: _mutate_bytes(rng, b, h), parse_file_bytes, inside)
+        print(f"\ntorch {name} fuzz: {CASES} cases, {dict(stats)}")
+        assert stats["rejected"] > CASES // 4
+
+    def parse_pickle(data: bytes) -> object:
+        return load(data, "fuzz.pkl", 0, lambda pid, at: pid)
+
+    stats = _run(CASES, lambda i: _mutate_bytes(rng, pkl, len(pkl)), parse_pickle, lambda parsed, data: None)
+    print(f"torch pickle fuzz: {CASES} cases, {dict(stats)}")
+    assert stats["rejected"] > CASES // 4

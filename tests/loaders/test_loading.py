@@ -99,8 +99,10 @@ def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path) -> None:
 
 def test_hf_directory_without_safetensors(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    (tmp_path / "pytorch_model.bin").write_bytes(b"PK")
-    with pytest.raises(LoaderError, match="does not unpickle checkpoints"):
+    with pytest.raises(LoaderError, match="no weights found"):
+        load_model(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"PK")  # read as a torch.save archive (tests/loaders/test_torch_*)
+    with pytest.raises(FormatError, match=r"pytorch_model\.bin: not a readable zip archive"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text("{broken")
     with pytest.raises(FormatError, match=r"config\.json: not valid JSON"):

@@ -1,7 +1,9 @@
-"""Hugging Face model directories: config.json, safetensors weights (single or sharded), tokenizer files.
+"""Hugging Face model directories: config.json, safetensors or PyTorch checkpoint weights (single or sharded),
+tokenizer files.
 
 Tokenization is uaii-tokenizers' job; this module only records where the tokenizer files are, so that the
-runtime can hand them over. PyTorch pickle checkpoints (``pytorch_model.bin``) are never unpickled.
+runtime can hand them over. PyTorch checkpoints (``pytorch_model.bin``) are read by :mod:`.torch_checkpoint`,
+whose pickle reader imports and calls nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from uaii.ir import FormatError
 
 from .errors import LoaderError
 from .safetensors import INDEX_NAME, MAX_HEADER_BYTES, SafetensorsModel, open_safetensors
+from .torch_checkpoint import INDEX_NAME as TORCH_INDEX
+from .torch_checkpoint import TorchCheckpoint, open_torch
 
 MAX_CONFIG_BYTES = 16 << 20
 """config.json, generation_config.json, modules.json: the largest published ones (longrope factor lists, label
@@ -43,7 +47,7 @@ class HFDirectory:
 
     path: Path
     config: dict[str, Any]
-    weights: SafetensorsModel
+    weights: SafetensorsModel | TorchCheckpoint
     tokenizer_files: dict[str, Path] = field(default_factory=dict)
     chat_template: str | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -85,14 +89,15 @@ def _chat_template(files: dict[str, Path]) -> str | None:
     return None
 
 
-def _weights(path: Path) -> SafetensorsModel:
+def _weights(path: Path) -> SafetensorsModel | TorchCheckpoint:
+    """safetensors where the directory has them, else PyTorch checkpoints (read by our own allowlist unpickler,
+    :mod:`.torch_pickle`: nothing in them is imported or run)."""
     if (path / INDEX_NAME).is_file() or any(path.glob("*.safetensors")):
         return open_safetensors(path)
-    if (path / "pytorch_model.bin").exists() or (path / "pytorch_model.bin.index.json").exists():
-        raise LoaderError(f"{path}: only PyTorch pickle weights (pytorch_model.bin) found; UAII does not "
-                          "unpickle "
-                          "checkpoints — re-save them with save_pretrained(safe_serialization=True)")
-    raise LoaderError(f"{path}: no weights found (expected model.safetensors or {INDEX_NAME})")
+    if (path / TORCH_INDEX).is_file() or (path / "pytorch_model.bin").is_file():
+        return open_torch(path)
+    raise LoaderError(f"{path}: no weights found (expected model.safetensors, {INDEX_NAME}, pytorch_model.bin or "
+                      f"{TORCH_INDEX})")
 
 
 ST_POOLING = "sentence_transformers.models.Pooling"
