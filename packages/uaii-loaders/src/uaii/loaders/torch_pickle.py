@@ -107,9 +107,11 @@ def _global(module: str, name: str, fail: Callable[[str], NoReturn]) -> Any:
         return StorageTag(name)
     if module == "torch" and name in TORCH_DTYPES:
         return DTypeTag(name)
+    hint = ("; a whole module pickled (torch.save(model))? save model.state_dict() instead"
+            if module.startswith(("torch.nn", "transformers", "__main__")) else "")
     fail(f"refused global {module}.{name}: a checkpoint may name only collections.OrderedDict, "
          "torch._utils._rebuild_tensor_v2/_v3, torch._utils._rebuild_parameter(_with_state), torch's storage "
-         "types and dtypes")
+         f"types and dtypes{hint}")
 
 
 def _int_tuple(x: Any) -> bool:
