@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import chat_gguf
@@ -200,3 +202,53 @@ def test_threads(model: Path, scenario: str) -> None:
                           text=True, timeout=600)
     assert proc.returncode == 0, f"exit {proc.returncode} (-11: segfault)\n{proc.stdout}\n{proc.stderr[-3000:]}"
     assert proc.stdout.strip().endswith(f"ok {scenario}")
+
+
+def test_the_guard_serves_waiters_in_arrival_order() -> None:
+    """A thread that holds the guard in a loop (the serving engine: one decode step per hold) lets a waiter in at
+    its next release, instead of taking the guard back before the woken waiter runs (an embedding request waited
+    for a whole chat stream so); a waiter interrupted while waiting does not block the ones behind it."""
+    from uaii.runtime.guard import SessionGuard
+
+    guard = SessionGuard(lambda: None)
+    stop = threading.Event()
+    steps = [0]
+
+    def engine() -> None:
+        while not stop.is_set():
+            with guard.hold("decode"):
+                steps[0] += 1
+                time.sleep(0.002)
+
+    waits: list[int] = []
+
+    def embed() -> None:
+        for _ in range(5):
+            before = steps[0]
+            with guard.hold("embed"):
+                waits.append(steps[0] - before)
+
+    t = threading.Thread(target=engine)
+    t.start()
+    try:
+        time.sleep(0.02)
+        w = threading.Thread(target=embed)
+        w.start()
+        w.join(10)
+        starved = w.is_alive()
+    finally:
+        stop.set()  # lets a starved waiter in, so that the test fails instead of hanging
+        t.join()
+    w.join()
+    assert not starved, f"the waiter got the guard {len(waits)} times in 10 s while a loop held it step by step"
+    assert max(waits) <= 2, waits
+    # an abandoned ticket (its waiter interrupted) is skipped
+    with guard.hold("first"), guard.cv:  # a waiter that took the next ticket and was interrupted (hold's except)
+        ticket = guard._tickets
+        guard._tickets += 1
+        guard._abandoned.add(ticket)
+        guard._skip_abandoned()
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (guard.hold("after").__enter__(), done.set()), daemon=True)
+    waiter.start()
+    assert done.wait(5), "a ticket behind an abandoned one was never served"

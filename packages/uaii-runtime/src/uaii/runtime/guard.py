@@ -16,6 +16,10 @@ reading. :class:`SessionGuard` serializes instead of failing:
 
 Reentrancy is told apart by thread: the guard records the thread that holds it, updated when a suspended stream is
 resumed (a generator may be resumed from another thread than the one that started it).
+
+Waiters are served first come, first served (a ticket each): a thread that calls in a loop — the serving engine,
+one decode step per hold — would otherwise take the guard back before a woken waiter got to run, and an embedding
+request would wait for the whole of a chat stream instead of for one step.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class SessionGuard:
         self._running = False  # False while the holder is a stream suspended at a piece
         self.closing = False  # close() was asked: a generation stops before its next forward pass
         self.closed = False
+        self._tickets = 0  # handed out to callers of hold(), in arrival order
+        self._serving = 0  # the ticket whose turn it is
+        self._abandoned: set[int] = set()  # tickets whose waiter left (interrupted): skipped when their turn comes
 
     @contextmanager
     def hold(self, what: str) -> Iterator[None]:
@@ -48,9 +55,19 @@ class SessionGuard:
                 raise SessionError(f"[runtime] cannot {what}: this thread is already using the session for "
                                    f"{self._what} (a call from its on_token callback, or a stream() that is not "
                                    "finished); a Session runs one call at a time: finish or close() the stream first")
-            while self._owner is not None:
-                self.cv.wait()
+            ticket = self._tickets
+            self._tickets += 1
+            try:
+                while self._owner is not None or self._serving != ticket:
+                    self.cv.wait()
+            except BaseException:  # interrupted while waiting: its turn must not block the ones behind it
+                self._abandoned.add(ticket)
+                self._skip_abandoned()
+                self.cv.notify_all()
+                raise
             self._owner, self._what, self._running = me, what, True
+            self._serving += 1
+            self._skip_abandoned()
         try:
             yield
         finally:
@@ -59,6 +76,11 @@ class SessionGuard:
                 if self.closing:
                     self._close_now()  # close() was asked during the call (from its own thread, or interrupted)
                 self.cv.notify_all()
+
+    def _skip_abandoned(self) -> None:
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
 
     @contextmanager
     def suspended(self) -> Iterator[None]:
