@@ -277,6 +277,21 @@ def test_archive_tricks_are_refused(tmp_path: Path) -> None:
             z.writestr(n, pkl if n.endswith("data.pkl") else data)
     with pytest.raises(FormatError, match="claims 1000000000 elements"):
         open_torch(big)
+    # a big-endian archive: its tensors would be byte-swapped
+    swapped = tmp_path / "swapped.bin"
+    with zipfile.ZipFile(swapped, "w", zipfile.ZIP_STORED) as z:
+        for n, data in members.items():
+            z.writestr(n, b"big" if n.endswith("byteorder") else data)
+    with pytest.raises(FormatError, match="byteorder is b'big'"):
+        open_torch(swapped)
+    legacy = tmp_path / "legacy.bin"
+    torch.save({"w": torch.zeros(4)}, legacy, _use_new_zipfile_serialization=False)
+    raw = bytearray(legacy.read_bytes())
+    flag = raw.index(b"\x88", raw.index(b"little_endian"))  # NEWTRUE -> NEWFALSE
+    raw[flag] = 0x89
+    legacy.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match="not marked little-endian"):
+        open_torch(legacy)
     # an index naming a shard outside the directory
     d = tmp_path / "sharded"
     d.mkdir()

@@ -149,6 +149,15 @@ def _open_zip(p: str, size: int) -> tuple[Any, list[str]]:
         except _ZIP_ERRORS as exc:
             _fail(f"cannot read data.pkl: {exc}", p, info.header_offset)
         members = {n: zf.getinfo(n) for n in names}
+        order = members.get(f"{prefix}byteorder")
+        if order is not None:  # absent in archives of torch < 1.10, which wrote little-endian only
+            try:
+                value = zf.read(order)[:16] if order.file_size <= 16 else b"?"
+            except _ZIP_ERRORS as exc:
+                _fail(f"cannot read byteorder: {exc}", p, order.header_offset)
+            if value != b"little":
+                _fail(f"the archive's byteorder is {value!r}; only little-endian checkpoints are read (the tensors "
+                      "would be byte-swapped)", p, order.header_offset)
     skipped: list[str] = []
     storages: dict[str, _Storage] = {}
 
@@ -213,7 +222,10 @@ def _legacy(p: str, data: Any) -> tuple[Any, list[str]]:
     proto = next_pickle()
     if proto != 1001:
         _fail(f"legacy checkpoint protocol {proto!r:.20}; only 1001 exists", p)
-    next_pickle()  # system info: endianness and type sizes (a dict of plain values)
+    info = next_pickle()  # system info: endianness and type sizes (a dict of plain values)
+    if not isinstance(info, dict) or info.get("little_endian") is not True:
+        _fail("the legacy checkpoint is not marked little-endian (sys_info.little_endian); only little-endian "
+              "checkpoints are read", p)
     obj = next_pickle(reference)
     keys = next_pickle()
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or set(keys) != set(pending) \
