@@ -100,6 +100,30 @@ def _weights(path: Path) -> SafetensorsModel | TorchCheckpoint:
                       f"{TORCH_INDEX})")
 
 
+# tensor-name suffixes that only quantized checkpoints carry -> the scheme they belong to
+_QUANT_SUFFIXES = {".scales": "MLX", ".biases": "MLX", ".qweight": "GPTQ/AWQ", ".qzeros": "GPTQ/AWQ",
+                   ".g_idx": "GPTQ", ".weight_scale": "FP8 / compressed-tensors",
+                   ".weight_scale_inv": "FP8 (block-scaled)", ".SCB": "bitsandbytes", ".absmax": "bitsandbytes"}
+
+
+def _refuse_quantized(path: Path, config: dict[str, Any], weights: SafetensorsModel | TorchCheckpoint) -> None:
+    """A checkpoint quantized by a scheme UAII does not read yet is named as such, instead of failing later on
+    tensors "with no place in the model" (MLX's .scales/.biases, GPTQ's .qweight...)."""
+    found = sorted({scheme for name in weights.tensors for suffix, scheme in _QUANT_SUFFIXES.items()
+                    if name.endswith(suffix)})
+    if not found:
+        return
+    quant = config.get("quantization") or config.get("quantization_config")
+    detail = ""
+    if isinstance(quant, dict):
+        keys = ("quant_method", "bits", "group_size", "mode")
+        detail = " (" + ", ".join(f"{k} {quant[k]}" for k in keys if k in quant) + ")" if any(
+            k in quant for k in keys) else ""
+    example = next(n for n in sorted(weights.tensors) if any(n.endswith(x) for x in _QUANT_SUFFIXES))
+    raise LoaderError(f"{path}: a {'/'.join(found)}-quantized checkpoint{detail} (e.g. tensor {example!r}); UAII does "
+                      "not read this quantization scheme yet: use the unquantized model, or a GGUF quantization")
+
+
 ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_MODES = (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
              ("pooling_mode_max_tokens", "max"), ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
@@ -139,6 +163,7 @@ def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
     if not isinstance(config, dict):
         raise FormatError("config.json must hold a JSON object", path=str(cfg_path), offset=0, component="hf")
     weights = _weights(p)
+    _refuse_quantized(p, config, weights)
     files = {role: p / name for name, role in TOKENIZER_FILES.items() if (p / name).is_file()}
     gen = read_json(files["generation_config"], limit=MAX_CONFIG_BYTES) if "generation_config" in files else {}
     return HFDirectory(p, config, weights, files, _chat_template(files),
