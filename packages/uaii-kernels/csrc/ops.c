@@ -62,7 +62,6 @@ static void rope_lookup(const rows_ctx *c, int64_t t, const float **cs, const fl
     }
     rope_entry *r = &rope_cache[rope_cache_next];
     rope_cache_next = (rope_cache_next + 1) % ROPE_CACHE;
-    r->half = 0;                   /* not an entry until filled */
     rope_angles(pos, c->inv_freq, half, c->attn, r->cs, r->sn);
     memcpy(r->inv, c->inv_freq, (size_t)half * sizeof(float));
     r->pos = pos, r->attn = c->attn, r->half = (int32_t)half;
