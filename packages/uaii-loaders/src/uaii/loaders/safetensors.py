@@ -168,52 +168,69 @@ class SafetensorsModel:
     files: tuple[Path, ...]
 
 
-def _safe_shard(directory: Path, name: Any, index_path: str) -> Path:
+def _safe_shard(directory: Path, name: Any, index_path: str, component: str) -> Path:
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..") \
             or "\x00" in name:
-        _fail(f"weight_map names shard {name!r}; expected a plain file name in the same directory",
-              index_path)
+        raise FormatError(f"weight_map names shard {name!r}; expected a plain file name in the same directory",
+                          path=index_path, component=component)
     return directory / name
+
+
+def read_weight_map(path: Path, component: str = "safetensors") -> dict[str, Path]:
+    """A sharded model's index json (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``): its
+    ``weight_map`` as tensor -> shard, every shard a plain file name in the index's directory that exists. At most
+    :data:`MAX_HEADER_BYTES`; duplicate keys are an error. ``component`` names the format in errors."""
+    p = Path(path).resolve()
+    where = str(p)
+    try:
+        size = p.stat().st_size
+        if size > MAX_HEADER_BYTES:
+            raise FormatError(f"index is {size} bytes, more than the limit of {MAX_HEADER_BYTES}", path=where,
+                              offset=0, component=component)
+        doc = json.loads(p.read_text("utf-8"), object_pairs_hook=_no_duplicates)
+    except OSError as exc:
+        raise FormatError(f"cannot read: {exc.strerror or exc}", path=where, component=component) from None
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"index is not valid JSON: {str(exc)[:200]}", path=where, offset=0,
+                          component=component) from None
+    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise FormatError("index has no 'weight_map' object", path=where, offset=0, component=component)
+    out = {name: _safe_shard(p.parent, shard, where, component) for name, shard in wmap.items()}
+    for s in sorted(set(out.values())):
+        if not s.is_file():
+            raise FormatError(f"shard {s.name} named by the index does not exist", path=where, component=component)
+    return out
+
+
+def merge_shards(wmap: dict[str, Path], shards: dict[Path, dict[str, TensorInfo]],
+                 component: str = "safetensors") -> dict[str, TensorInfo]:
+    """The tensors of every shard in one map: a tensor in two shards, or one the index maps to a shard that does
+    not hold it, is an error."""
+    tensors: dict[str, TensorInfo] = {}
+    for s, found in shards.items():
+        for name, info in found.items():
+            if name in tensors:
+                raise FormatError(f"tensor {name!r} appears in {Path(tensors[name].file).name} and {s.name}",
+                                  path=str(s), offset=info.offset, component=component)
+            tensors[name] = info
+    for name, owner in wmap.items():
+        if name not in shards[owner]:
+            raise FormatError(f"index maps tensor {name!r} to {owner.name}, which does not contain it",
+                              path=str(owner), component=component)
+    return tensors
 
 
 def open_index(path: str | os.PathLike[str]) -> SafetensorsModel:
     """A sharded model: the index json's ``weight_map`` (tensor → shard) and every shard it names."""
     p = Path(path).resolve()
-    try:
-        size = p.stat().st_size
-        if size > MAX_HEADER_BYTES:
-            _fail(f"index is {size} bytes, more than the limit of {MAX_HEADER_BYTES}", str(p), 0)
-        doc = json.loads(p.read_text("utf-8"), object_pairs_hook=_no_duplicates)
-    except OSError as exc:
-        raise FormatError(f"cannot read: {exc.strerror or exc}", path=str(p),
-                          component="safetensors") from None
-
-    except (ValueError, RecursionError) as exc:
-        _fail(f"index is not valid JSON: {str(exc)[:200]}", str(p), 0)
-    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(wmap, dict) or not wmap:
-        _fail("index has no 'weight_map' object", str(p), 0)
-    shards = sorted({_safe_shard(p.parent, v, str(p)) for v in wmap.values()})
-    parsed: dict[Path, SafetensorsFile] = {}
-    for s in shards:
-        if not s.is_file():
-            _fail(f"shard {s.name} named by the index does not exist", str(p))
-        parsed[s] = open_file(s)
-    tensors: dict[str, TensorInfo] = {}
-    for s, sf in parsed.items():
-        for name, info in sf.tensors.items():
-            if name in tensors:
-                _fail(f"tensor {name!r} appears in {Path(tensors[name].file).name} and {s.name}", str(s),
-                      info.offset)
-            tensors[name] = info
-    for name, shard in wmap.items():
-        owner = p.parent / shard
-        if name not in parsed[owner].tensors:
-            _fail(f"index maps tensor {name!r} to {shard}, which does not contain it", str(owner))
+    wmap = read_weight_map(p)
+    parsed = {s: open_file(s) for s in sorted(set(wmap.values()))}
+    tensors = merge_shards(wmap, {s: sf.tensors for s, sf in parsed.items()})
     meta: dict[str, str] = {}
     for sf in parsed.values():
         meta.update(sf.metadata)
-    return SafetensorsModel(p, tensors, meta, tuple(shards))
+    return SafetensorsModel(p, tensors, meta, tuple(parsed))
 
 
 def open_safetensors(path: str | os.PathLike[str]) -> SafetensorsModel:
@@ -235,5 +252,5 @@ def open_safetensors(path: str | os.PathLike[str]) -> SafetensorsModel:
     return SafetensorsModel(sf.path, sf.tensors, sf.metadata, (sf.path,))
 
 
-__all__ = ["INDEX_NAME", "MAX_HEADER_BYTES", "SafetensorsFile", "SafetensorsModel", "open_file", "open_index",
-           "open_safetensors", "parse_header"]
+__all__ = ["INDEX_NAME", "MAX_HEADER_BYTES", "SafetensorsFile", "SafetensorsModel", "merge_shards", "open_file",
+           "open_index", "open_safetensors", "parse_header", "read_weight_map"]

@@ -15,7 +15,6 @@ it is.
 from __future__ import annotations
 
 import contextlib
-import json
 import mmap
 import os
 import struct
@@ -28,6 +27,7 @@ from typing import Any, NoReturn
 from uaii.ir import FormatError
 
 from .index import TensorInfo
+from .safetensors import merge_shards, read_weight_map
 from .torch_pickle import STORAGE_TYPES, CheckpointDict, StorageTag, TensorRecord, load, load_prefix
 
 INDEX_NAME = "pytorch_model.bin.index.json"
@@ -297,42 +297,14 @@ def open_checkpoint(path: str | os.PathLike[str]) -> TorchCheckpoint:
 
 
 def open_torch_index(path: str | os.PathLike[str]) -> TorchCheckpoint:
-    """A sharded checkpoint: the index json's ``weight_map`` and every shard it names."""
+    """A sharded checkpoint: the index json's ``weight_map`` and every shard it names (the index rules of sharded
+    safetensors: :func:`.safetensors.read_weight_map`, :func:`.safetensors.merge_shards`)."""
     p = Path(path).resolve()
-    try:
-        if p.stat().st_size > MAX_PICKLE_BYTES:
-            _fail("the index json is too large", str(p), 0)
-        doc = json.loads(p.read_text("utf-8"))
-    except OSError as exc:
-        raise FormatError(f"cannot read: {exc.strerror or exc}", path=str(p), component="torch") from None
-    except (ValueError, RecursionError) as exc:
-        _fail(f"index is not valid JSON: {str(exc)[:200]}", str(p), 0)
-    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(wmap, dict) or not wmap:
-        _fail("index has no 'weight_map' object", str(p), 0)
-    names = set()
-    for v in wmap.values():
-        if not isinstance(v, str) or not v or "/" in v or "\\" in v or v in (".", "..") or "\x00" in v:
-            _fail(f"weight_map names shard {v!r}; expected a plain file name in the same directory", str(p))
-        names.add(v)
-    tensors: dict[str, TensorInfo] = {}
-    skipped: list[str] = []
-    files = []
-    for name in sorted(names):
-        shard = p.parent / name
-        if not shard.is_file():
-            _fail(f"shard {name} named by the index does not exist", str(p))
-        ck = open_checkpoint(shard)
-        files.append(ck.path)
-        skipped += ck.skipped
-        for t, info in ck.tensors.items():
-            if t in tensors:
-                _fail(f"tensor {t!r} appears in {Path(tensors[t].file).name} and {name}", str(shard))
-            tensors[t] = info
-    for t, shard_name in wmap.items():
-        if t not in tensors or Path(tensors[t].file).name != shard_name:
-            _fail(f"index maps tensor {t!r} to {shard_name}, which does not contain it", str(p))
-    return TorchCheckpoint(p, tensors, {}, tuple(files), skipped)
+    wmap = read_weight_map(p, "torch")
+    parsed = {s: open_checkpoint(s) for s in sorted(set(wmap.values()))}
+    tensors = merge_shards(wmap, {s: ck.tensors for s, ck in parsed.items()}, "torch")
+    skipped = [name for ck in parsed.values() for name in ck.skipped]
+    return TorchCheckpoint(p, tensors, {}, tuple(ck.path for ck in parsed.values()), skipped)
 
 
 def open_torch(path: str | os.PathLike[str]) -> TorchCheckpoint:
