@@ -109,19 +109,17 @@ _QUANT_SUFFIXES = {".scales": "MLX", ".biases": "MLX", ".qweight": "GPTQ/AWQ", "
 def _refuse_quantized(path: Path, config: dict[str, Any], weights: SafetensorsModel | TorchCheckpoint) -> None:
     """A checkpoint quantized by a scheme UAII does not read yet is named as such, instead of failing later on
     tensors "with no place in the model" (MLX's .scales/.biases, GPTQ's .qweight...)."""
-    found = sorted({scheme for name in weights.tensors for suffix, scheme in _QUANT_SUFFIXES.items()
-                    if name.endswith(suffix)})
-    if not found:
+    hits = {name: scheme for name in weights.tensors for suffix, scheme in _QUANT_SUFFIXES.items()
+            if name.endswith(suffix)}
+    if not hits:
         return
     quant = config.get("quantization") or config.get("quantization_config")
-    detail = ""
-    if isinstance(quant, dict):
-        keys = ("quant_method", "bits", "group_size", "mode")
-        detail = " (" + ", ".join(f"{k} {quant[k]}" for k in keys if k in quant) + ")" if any(
-            k in quant for k in keys) else ""
-    example = next(n for n in sorted(weights.tensors) if any(n.endswith(x) for x in _QUANT_SUFFIXES))
-    raise LoaderError(f"{path}: a {'/'.join(found)}-quantized checkpoint{detail} (e.g. tensor {example!r}); UAII does "
-                      "not read this quantization scheme yet: use the unquantized model, or a GGUF quantization")
+    parts = [f"{k} {quant[k]}" for k in ("quant_method", "bits", "group_size", "mode") if k in quant] \
+        if isinstance(quant, dict) else []
+    detail = f" ({', '.join(parts)})" if parts else ""
+    raise LoaderError(f"{path}: a {'/'.join(sorted(set(hits.values())))}-quantized checkpoint{detail} (e.g. tensor "
+                      f"{min(hits)!r}); UAII does not read this quantization scheme yet: use the unquantized model, or "
+                      "a GGUF quantization")
 
 
 ST_POOLING = "sentence_transformers.models.Pooling"
