@@ -90,11 +90,9 @@ def test_strided_views_and_lies_are_refused(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="strided view"):
         open_torch(path)
     torch.save({"w": torch.zeros(8)}, path)  # a tensor larger than its storage: shape (8,) -> (80,)
-    with zipfile.ZipFile(path) as z:
-        members = {i.filename: z.read(i) for i in z.infolist()}
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        for n, data in members.items():
-            z.writestr(n, data.replace(b"K\x08\x85", b"KP\x85") if n.endswith("data.pkl") else data)
+    members = _members(path)
+    _archive(path, {n: d.replace(b"K\x08\x85", b"KP\x85") if n.endswith("data.pkl") else d
+                    for n, d in members.items()})
     with pytest.raises(FormatError, match=r"spans elements 0\.\.80 of storage .0., which holds 8"):
         open_torch(path)
     corrupt = bytearray(path.read_bytes())  # the pickle's bytes changed under its CRC
@@ -112,6 +110,18 @@ def test_torchscript_archive_is_named(tmp_path: Path) -> None:
 
 
 # --- malicious files ------------------------------------------------------------------------------------------------
+def _members(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: z.read(i) for i in z.infolist()}
+
+
+def _archive(path: Path, members: dict[str, bytes], deflated: tuple[str, ...] = ()) -> None:
+    """A zip of ``members`` in their order, stored (deflated: those whose name holds one of ``deflated``)."""
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data, zipfile.ZIP_DEFLATED if any(x in n for x in deflated) else zipfile.ZIP_STORED)
+
+
 def _zip_with(pkl: bytes, extra: dict[str, bytes] | None = None) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
@@ -243,45 +253,32 @@ def test_malicious_pickles_are_refused_and_never_run(tmp_path: Path, capsys: Any
 def test_archive_tricks_are_refused(tmp_path: Path) -> None:
     good = tmp_path / "good.bin"
     torch.save({"w": torch.zeros(4)}, good)
-    with zipfile.ZipFile(good) as z:
-        members = {i.filename: z.read(i) for i in z.infolist()}
+    members = _members(good)
     prefix = next(n for n in members if n.endswith("data.pkl"))[:-len("data.pkl")]
     # a second data.pkl (a file that means one thing to one reader and another to the next)
     two = tmp_path / "two.bin"
-    with zipfile.ZipFile(two, "w", zipfile.ZIP_STORED) as z:
-        for n, data in members.items():
-            z.writestr(n, data)
-        z.writestr("other/data.pkl", members[prefix + "data.pkl"])
+    _archive(two, {**members, "other/data.pkl": members[prefix + "data.pkl"]})
     with pytest.raises(FormatError, match=r"one <name>/data\.pkl"):
         open_torch(two)
     # a compressed storage cannot be read in place
     comp = tmp_path / "comp.bin"
-    with zipfile.ZipFile(comp, "w") as z:
-        for n, data in members.items():
-            z.writestr(n, data, zipfile.ZIP_DEFLATED if "/data/" in n else zipfile.ZIP_STORED)
+    _archive(comp, members, deflated=("/data/",))
     with pytest.raises(FormatError, match="compressed"):
         open_torch(comp)
     # a storage member missing
     miss = tmp_path / "miss.bin"
-    with zipfile.ZipFile(miss, "w", zipfile.ZIP_STORED) as z:
-        for n, data in members.items():
-            if "/data/" not in n:
-                z.writestr(n, data)
+    _archive(miss, {n: d for n, d in members.items() if "/data/" not in n})
     with pytest.raises(FormatError, match="has no member"):
         open_torch(miss)
     # a billion-element storage claim
     big = tmp_path / "big.bin"
     pkl = members[prefix + "data.pkl"].replace(b"K\x04", b"J\x00\xca\x9a\x3b", 1)
-    with zipfile.ZipFile(big, "w", zipfile.ZIP_STORED) as z:
-        for n, data in members.items():
-            z.writestr(n, pkl if n.endswith("data.pkl") else data)
+    _archive(big, {n: pkl if n.endswith("data.pkl") else d for n, d in members.items()})
     with pytest.raises(FormatError, match="claims 1000000000 elements"):
         open_torch(big)
     # a big-endian archive: its tensors would be byte-swapped
     swapped = tmp_path / "swapped.bin"
-    with zipfile.ZipFile(swapped, "w", zipfile.ZIP_STORED) as z:
-        for n, data in members.items():
-            z.writestr(n, b"big" if n.endswith("byteorder") else data)
+    _archive(swapped, {n: b"big" if n.endswith("byteorder") else d for n, d in members.items()})
     with pytest.raises(FormatError, match="byteorder is b'big'"):
         open_torch(swapped)
     legacy = tmp_path / "legacy.bin"
