@@ -122,7 +122,7 @@ def _pid_parts(pid: Any, path: str, at: int) -> tuple[str, str, int, Any]:
     return tag.name, key, numel, pid[5] if len(pid) == 6 else None
 
 
-def _open_zip(p: str, size: int) -> tuple[Any, list[str]]:
+def _open_zip(p: str, size: int) -> Any:
     try:
         zf = zipfile.ZipFile(p)
     except _ZIP_ERRORS as exc:
@@ -158,7 +158,6 @@ def _open_zip(p: str, size: int) -> tuple[Any, list[str]]:
             if value != b"little":
                 _fail(f"the archive's byteorder is {value!r}; only little-endian checkpoints are read (the tensors "
                       "would be byte-swapped)", p, order.header_offset)
-    skipped: list[str] = []
     storages: dict[str, _Storage] = {}
 
     def storage(pid: Any, at: int) -> _Storage:
@@ -188,11 +187,10 @@ def _open_zip(p: str, size: int) -> tuple[Any, list[str]]:
         storages[key] = _Storage(key, tag, start, numel)
         return storages[key]
 
-    obj = load(raw, p, 0, storage)
-    return obj, skipped
+    return load(raw, p, 0, storage)
 
 
-def _legacy(p: str, data: Any) -> tuple[Any, list[str]]:
+def _legacy(p: str, data: Any) -> Any:
     """The pre-zip format: magic, protocol and system-info pickles, the main pickle, the storage keys, then each
     storage raw (8-byte element count, then its bytes) in the keys' order."""
     storages: dict[str, _Storage] = {}
@@ -243,7 +241,7 @@ def _legacy(p: str, data: Any) -> tuple[Any, list[str]]:
         if offset > len(data):
             _fail(f"storage {key!r} runs past the end of the file", p, start)
         storages[key] = _Storage(key, tag, start, numel)
-    return _resolve(obj, storages), []
+    return _resolve(obj, storages)
 
 
 @dataclass(frozen=True)
@@ -280,17 +278,18 @@ def open_checkpoint(path: str | os.PathLike[str]) -> TorchCheckpoint:
     except OSError as exc:
         raise FormatError(f"cannot read: {exc.strerror or exc}", path=p, component="torch") from None
     if magic[:2] == b"PK":
-        obj, skipped = _open_zip(p, size)
+        obj = _open_zip(p, size)
     elif size == 0:
         _fail("the file is empty", p, 0)
     else:  # mapped, not read: only the pickles and the storages' 8-byte headers are touched
         with open(p, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            obj, skipped = _legacy(p, mm)
+            obj = _legacy(p, mm)
         finally:
             with contextlib.suppress(BufferError):  # a traceback may still hold a view of it: then GC closes it
                 mm.close()
+    skipped: list[str] = []
     records = _state_dict(obj, p, skipped)
     tensors = {name: _tensor(name, rec, p) for name, rec in records.items()}
     return TorchCheckpoint(Path(p), tensors, {}, (Path(p),), skipped)
