@@ -96,9 +96,6 @@ class CheckpointDict(dict[Any, Any]):
         self.attributes = {}
 
 
-_MARK = object()
-
-
 def _global(module: str, name: str, fail: Callable[[str], NoReturn]) -> Any:
     found = _FUNCTIONS.get((module, name))
     if found is not None:
@@ -171,19 +168,17 @@ def load_prefix(data: bytes | memoryview, path: str, base: int = 0,
         del stack[at:]
         return items
 
-    def made(container: Any, items: Any) -> Any:
-        d = 1 + max((_depth(x, depths) for x in items), default=0)
-        if d > MAX_DEPTH:
-            fail(f"containers nest more than {MAX_DEPTH} deep")
-        depths[id(container)] = d
-        keep.append(container)
-        return container
-
     def grow(container: Any, items: Any) -> None:
+        """``container`` holds ``items`` now: its depth is at least one more than theirs."""
         d = max(depths.get(id(container), 1), 1 + max((_depth(x, depths) for x in items), default=0))
         if d > MAX_DEPTH:
             fail(f"containers nest more than {MAX_DEPTH} deep")
         depths[id(container)] = d
+
+    def made(container: Any, items: Any) -> Any:
+        grow(container, items)
+        keep.append(container)
+        return container
 
     def memo_put(i: int) -> None:
         if not stack:
