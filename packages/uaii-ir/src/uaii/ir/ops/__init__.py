@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from uaii.ir.ops import attention, elementwise, fused, index, linalg, logic, moe, movement, norm, reduce, shape_ops
 from uaii.ir.ops import nbits as nbits_ops
+from uaii.ir.ops import quantized as quantized_ops
 from uaii.ir.ops.access import AccessIf, WeightAccess, WeightInput
 from uaii.ir.ops.opset import (
     ATTENTION,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 BUILTIN_SCHEMAS: tuple[OpSchema, ...] = (
     *elementwise.SCHEMAS, *linalg.SCHEMAS, *norm.SCHEMAS, *reduce.SCHEMAS, *movement.SCHEMAS, *index.SCHEMAS,
     *attention.SCHEMAS, *moe.SCHEMAS, *logic.SCHEMAS, *shape_ops.SCHEMAS, *nbits_ops.SCHEMAS,
+    *quantized_ops.SCHEMAS,
 )
 FUSED_SCHEMAS: tuple[OpSchema, ...] = fused.SCHEMAS
 """Ops the planner's fusion passes produce (not members of ``Op``); registered with the built-ins."""

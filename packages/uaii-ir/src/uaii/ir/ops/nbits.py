@@ -20,21 +20,10 @@ def layout_dims(k: int, bits: int, block_size: int) -> tuple[int, int, int]:
     return kb, block_size * bits // 8, -(-kb * bits // 8)
 
 
-def _dims(ctx: InferCtx, i: int, want: Sequence[Dim], what: str) -> None:
-    got = ctx.shape(i)
-    try:
-        if len(got) != len(want):
-            raise ShapeError("rank")
-        for x, y in zip(got, want, strict=True):
-            unify(x, y)
-    except ShapeError:
-        ctx.fail(f"{what} must have shape {fmt_shape(want)}, found {fmt_shape(got)}")
-
-
 def _per_block(ctx: InferCtx, i: int, n: int, per_row: int, what: str) -> None:
     """A per-block input: [n * per_row] or [n, per_row]."""
     want: Sequence[Dim] = (n * per_row,) if len(ctx.shape(i)) == 1 else (n, per_row)
-    _dims(ctx, i, want, what)
+    ctx.expect(i, want, what)
 
 
 def nbits_shape(ctx: InferCtx) -> Sequence[Shape | None]:
@@ -45,7 +34,7 @@ def nbits_shape(ctx: InferCtx) -> Sequence[Shape | None]:
         unify(a[-1], k)
     except ShapeError:
         ctx.fail(f"A {fmt_shape(a)} has {a[-1]} columns; attribute K is {k}")
-    _dims(ctx, 1, (n, kb, blob), f"B (N={n}, ceil(K/block_size)={kb} blocks of {blob} bytes)")
+    ctx.expect(1, (n, kb, blob), f"B (N={n}, ceil(K/block_size)={kb} blocks of {blob} bytes)")
     _per_block(ctx, 2, n, kb, f"scales (N={n} x {kb} blocks)")
     if ctx.has(3):
         if ctx.dtype(3) is DType.U8:
@@ -53,7 +42,7 @@ def nbits_shape(ctx: InferCtx) -> Sequence[Shape | None]:
         else:
             _per_block(ctx, 3, n, kb, f"float zero_points (N={n} x {kb} blocks)")
     if ctx.has(4):
-        _dims(ctx, 4, (n,), "bias")
+        ctx.expect(4, (n,), "bias")
     return [(*a[:-1], n)]
 
 

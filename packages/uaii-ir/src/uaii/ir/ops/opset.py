@@ -56,6 +56,7 @@ class Op(enum.StrEnum):
     MATMUL_RELU = "MatMulRelu"
     GEMM = "Gemm"
     MATMUL_NBITS = "MatMulNBits"
+    QUANTIZED_MATMUL = "QuantizedMatMul"
     # normalization
     SOFTMAX = "Softmax"
     LAYER_NORM = "LayerNorm"
@@ -86,6 +87,7 @@ class Op(enum.StrEnum):
     # indexing
     EMBEDDING = "Embedding"
     GATHER = "Gather"
+    QUANTIZED_EMBEDDING = "QuantizedEmbedding"
     # attention
     ROPE = "RoPE"
     ATTENTION = "Attention"
@@ -93,6 +95,7 @@ class Op(enum.StrEnum):
     MOE_ROUTER = "MoERouter"
     MOE_EXPERTS = "MoEExperts"
     MOE_EXPERTS_SWIGLU = "MoEExpertsSwiGLU"
+    QUANTIZED_MOE_EXPERTS = "QuantizedMoEExperts"
 
 
 UNARY = frozenset({
@@ -108,15 +111,15 @@ COMPARE = frozenset({Op.EQUAL, Op.LESS, Op.GREATER, Op.LESS_OR_EQUAL, Op.GREATER
 SELECT = frozenset({Op.WHERE, Op.TRILU})
 ELEMENTWISE = UNARY | BINARY | frozenset({Op.WHERE})
 GLU = frozenset({Op.SWIGLU, Op.GEGLU})
-LINALG = frozenset({Op.MATMUL, Op.MATMUL_RELU, Op.GEMM, Op.MATMUL_NBITS})
+LINALG = frozenset({Op.MATMUL, Op.MATMUL_RELU, Op.GEMM, Op.MATMUL_NBITS, Op.QUANTIZED_MATMUL})
 NORM = frozenset({Op.SOFTMAX, Op.LAYER_NORM, Op.RMS_NORM})
 REDUCE = frozenset({Op.TOPK, Op.ARGMAX, Op.REDUCE_MEAN, Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN, Op.CUMSUM})
 MOVEMENT = frozenset({Op.IDENTITY, Op.RESHAPE, Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE})
-INDEX = frozenset({Op.EMBEDDING, Op.GATHER})
+INDEX = frozenset({Op.EMBEDDING, Op.GATHER, Op.QUANTIZED_EMBEDDING})
 SHAPE = frozenset({Op.SHAPE, Op.RANGE, Op.FILL, Op.EXPAND})
 """Ops whose output shape follows from input *values* (or, for Shape, whose values follow from an input's shape)."""
 ATTENTION = frozenset({Op.ROPE, Op.ATTENTION})
-MOE = frozenset({Op.MOE_ROUTER, Op.MOE_EXPERTS, Op.MOE_EXPERTS_SWIGLU})
+MOE = frozenset({Op.MOE_ROUTER, Op.MOE_EXPERTS, Op.MOE_EXPERTS_SWIGLU, Op.QUANTIZED_MOE_EXPERTS})
 
 CPP_RUNTIME_OPS = frozenset({
     Op.MATMUL, Op.MATMUL_RELU, Op.ADD, Op.MUL, Op.RELU, Op.SILU, Op.GELU, Op.SOFTMAX, Op.LAYER_NORM,

@@ -18,11 +18,11 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
-from uaii.ir.dtype import FLOAT_TYPES, INTEGER_TYPES, QUANTIZED_TYPES, DType
+from uaii.ir.dtype import FLOAT_TYPES, INTEGER_TYPES, QUANTIZED_TYPES, Dim, DType
 from uaii.ir.errors import UaiiError
 from uaii.ir.graph import Attribute, AttrType, AttrValue, Node
 from uaii.ir.ops.access import AccessIf, AccessRule, WeightAccess, WeightInput
-from uaii.ir.shapes import Shape, ShapeError, normalize_axis
+from uaii.ir.shapes import Shape, ShapeError, fmt_shape, normalize_axis, unify
 
 FLOATS = frozenset({DType.F32, DType.F16, DType.BF16})
 """Activation types of the compute ops."""
@@ -448,6 +448,17 @@ class InferCtx:
             want = f">= {lo}" if hi is None else (f"{lo}" if lo == hi else f"{lo}..{hi}")
             self.fail(f"input #{i} ({p.name if p else '?'!r}) must have rank {want}, found shape {list(s)}")
         return s
+
+    def expect(self, i: int, want: Sequence[Dim], what: str) -> None:
+        """Fail unless input ``i`` has exactly the shape ``want`` (symbolic dims unify), naming it ``what``."""
+        got = self.shape(i)
+        try:
+            if len(got) != len(want):
+                raise ShapeError("rank")
+            for x, y in zip(got, want, strict=True):
+                unify(x, y)
+        except ShapeError:
+            self.fail(f"{what} must have shape {fmt_shape(want)}, found {fmt_shape(got)}")
 
     def fresh(self, hint: str = "d") -> str:
         """A new symbolic dim, unique within this node."""

@@ -16,6 +16,7 @@ from uaii.ir.reference import (
     movement,
     nbits,
     norm,
+    quantized,
     reduce,
     shape_ops,
 )
@@ -23,7 +24,8 @@ from uaii.ir.reference._common import EvaluationError, RefFn
 
 REFERENCE_OPS: dict[tuple[str, int], RefFn] = {
     (op, 1): fn
-    for family in (elementwise, linalg, norm, reduce, movement, index, attention, moe, fused, logic, shape_ops, nbits)
+    for family in (elementwise, linalg, norm, reduce, movement, index, attention, moe, fused, logic, shape_ops, nbits,
+                   quantized)
     for op, fn in family.REFS.items()
 }
 """Every built-in op and fused op, at version 1. A reference takes the node's inputs positionally (None where
