@@ -131,6 +131,26 @@ int uk_nbits_gemm(int bits, int block_size, const uint8_t *b, int64_t n, int64_t
    ((float)q - zp) * scale (float ones) in float32 arithmetic. */
 int uk_nbits_dequantize(int bits, int block_size, const uint8_t *b, int64_t n, int64_t k, const void *scales,
                         int scale_type, const void *zero_points, int zp_type, float *dst);
+
+/* --- MLX's quantized layout (mlx.core.quantize, mlx 0.32): y = x . dequant(W)^T + bias ---------------------------- */
+/* Modes (mode, bits, group sizes): AFFINE (1, 2, 3, 4, 5, 6, 8; 32, 64, 128): w = T(T(scale * q) + bias) with T the
+   scales' type (scale_type UK_NB_F32, UK_NB_F16 or UK_NB_BF16 words; biases of the same type and shape); MXFP4 (4, E2M1
+   values; 32) and MXFP8 (8, E4M3 values; 32): w = value * 2^(scale - 127), NVFP4 (4, E2M1; 16): w = value * E4M3
+   scale; the fp modes take uint8 scale codes (scale_type UK_NB_U8) and no biases (NULL). W is uint32 [n, k * bits /
+   32], each row one LSB-first bit stream of k values (any alignment: read as bytes); scales (and biases)
+   [n, k / group_size]. An unknown mode, bits not of the mode or a wrong scale type: UK_E_TYPE; a group size not of
+   the mode, k not a whole number of groups, a missing or superfluous bias array, bad sizes or strides: UK_E_ARG. */
+enum { UK_MLX_AFFINE = 0, UK_MLX_MXFP4 = 1, UK_MLX_MXFP8 = 2, UK_MLX_NVFP4 = 3 };
+/* dst [rows, k] = rows row0 .. row0 + rows - 1 of W dequantized to f32, bit-exact with mlx.core.dequantize (and
+   with uaii.ir.reference.quantized.dequantize). */
+int uk_mlx_dequantize(int mode, int bits, int group_size, const uint32_t *w, int64_t n, int64_t k,
+                      const void *scales, const void *biases, int scale_type, int64_t row0, int64_t rows, float *dst);
+/* y [m, n] (row stride ldy) = x [m, k] (row stride ldx) . W^T (+ bias[n] when not NULL), f32 activations. The weight
+   stays packed: decode rows dequantize it in registers, batches by chunks of rows into scratch, and every output is
+   summed in one order (mlxq.c), so every ISA, batch size and thread count gives the same bits. */
+int uk_mlx_gemm(int mode, int bits, int group_size, const uint32_t *w, int64_t n, int64_t k, const void *scales,
+                const void *biases, int scale_type, const float *bias, const float *x, int64_t m, int64_t ldx,
+                float *y, int64_t ldy);
 /* CDEF END */
 
 #ifdef __cplusplus

@@ -17,7 +17,11 @@ A provider implements :class:`IGemm`; providers are listed by :func:`gemm_provid
 Every provider also runs ONNX MatMulNBits weights (:meth:`PackedWeight.from_nbits`, the layout of
 :mod:`uaii.kernels.nbits`): the C ones on the packed bytes through ``uk_nbits_gemm`` (c-q8dot and c-precise: int8
 activations per 32 values and integer dots, bit-identical on every ISA, batch size and thread count; c-f32: rows
-dequantized to f32), numpy-dequant through :func:`~uaii.kernels.nbits.dequantize_nbits`.
+dequantized to f32), numpy-dequant through :func:`~uaii.kernels.nbits.dequantize_nbits`. Likewise MLX-quantized
+weights (:meth:`PackedWeight.from_mlx`, the layout of :mod:`uaii.kernels.mlxq`): the C providers all run
+``uk_mlx_gemm`` (f32 activations, the weight dequantized in registers for decode rows and by chunks for batches,
+bit-identical on every ISA, batch size and thread count), numpy-dequant through
+:func:`~uaii.kernels.mlxq.dequantize_mlx`.
 
 Third-party providers register under the entry-point group ``uaii.gemm`` (an object or a zero-argument factory).
 """
@@ -32,6 +36,7 @@ import numpy as np
 
 from uaii.ir.dtype import DType
 from uaii.ir.errors import UnsupportedDType
+from uaii.kernels.mlxq import MlxLayout, dequantize_mlx, mlx_layout
 from uaii.kernels.native import KernelError, check, f32, ffi, lib, ptr, view_ptr
 from uaii.kernels.nbits import NBitsLayout, dequantize_nbits, nbits_layout
 from uaii.kernels.quant import DEQUANT_TYPES, as_bytes, dequantize
@@ -44,7 +49,8 @@ type compute the same sums in the same order (see docs/kernels.md, "Prefill and 
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight matrix [n, k] in its storage type: ``data`` holds the packed bytes (no copy of the caller's).
-    ``nbits``: the layout of an ONNX MatMulNBits weight (then ``data`` is its B bytes and ``dtype`` is u8)."""
+    ``nbits``: the layout of an ONNX MatMulNBits weight (then ``data`` is its B bytes and ``dtype`` is u8); ``mlx``:
+    the layout of an MLX-quantized weight (then ``data`` is its packed words, flat, and ``dtype`` is u32)."""
 
     data: np.ndarray
     dtype: DType
@@ -52,6 +58,7 @@ class PackedWeight:
     k: int
     _ptr: Any = field(default=None, repr=False, compare=False)
     nbits: NBitsLayout | None = None
+    mlx: MlxLayout | None = None
 
     @classmethod
     def from_raw(cls, raw: Any, dtype: DType | str, shape: tuple[int, int]) -> PackedWeight:
@@ -88,9 +95,20 @@ class PackedWeight:
                                     scale_dtype=scale_dtype, zp_dtype=zp_dtype)
         return cls(data, DType.U8, n, k, ptr(data), layout)
 
+    @classmethod
+    def from_mlx(cls, w: Any, scales: Any, biases: Any = None, *, n: int, k: int, mode: str, bits: int,
+                 group_size: int, scale_dtype: DType | str | None = None) -> PackedWeight:
+        """Wrap an MLX-quantized weight [n, k] (``mx.quantize``'s packed uint32 words or their bytes, scales, biases
+        in affine mode; see uaii.kernels.mlxq) without a copy; ``scale_dtype`` where the scales' numpy type does not
+        say (bf16 as uint16 words). Raises KernelError when the arrays do not fit the layout."""
+        data, layout = mlx_layout(w, scales, biases, n=n, k=k, mode=mode, bits=bits, group_size=group_size,
+                                  scale_dtype=scale_dtype)
+        return cls(data, DType.U32, n, k, ptr(data, "uint32_t *"), mlx=layout)
+
     @property
     def nbytes(self) -> int:
-        return int(self.data.size) + (self.nbits.nbytes if self.nbits is not None else 0)
+        extra = self.nbits.nbytes if self.nbits is not None else self.mlx.nbytes if self.mlx is not None else 0
+        return int(self.data.nbytes) + extra
 
     def pointer(self) -> Any:
         return self._ptr if self._ptr is not None else ptr(self.data)
@@ -98,6 +116,10 @@ class PackedWeight:
     def dequantize(self) -> np.ndarray:
         if self.nbits is not None:
             return dequantize_nbits(self.data, self.nbits, self.n, self.k)
+        if self.mlx is not None:
+            lay = self.mlx
+            return dequantize_mlx(self.data, lay.scales, lay.biases, n=self.n, k=self.k, mode=lay.mode, bits=lay.bits,
+                                  group_size=lay.group_size, scale_dtype=lay.scale_dtype)
         return dequantize(self.data, self.dtype, self.n * self.k).reshape(self.n, self.k)
 
 
@@ -109,6 +131,16 @@ def nbits_call(w: PackedWeight) -> tuple[Any, ...]:
     st, zt = lay.codes
     return (lay.bits, lay.block_size, ffi.cast("uint8_t *", w.pointer()), w.n, w.k, ptr(lay.scales), st,
             ptr(lay.zero_points), zt)
+
+
+def mlx_call(w: PackedWeight) -> tuple[Any, ...]:
+    """The weight arguments of uk_mlx_gemm for an MLX-quantized weight: (mode, bits, group_size, W, n, k, scales,
+    biases or NULL, scale type), pointers resolved (a backend binds them once with the rest)."""
+    lay = w.mlx
+    assert lay is not None
+    mode, st = lay.codes
+    return (mode, lay.bits, lay.group_size, ffi.cast("uint32_t *", w.pointer()), w.n, w.k, ptr(lay.scales),
+            ptr(lay.biases), st)
 
 
 def _prepare(x: np.ndarray, w: PackedWeight, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -168,6 +200,10 @@ class _CGemm:
         if w.nbits is not None:
             check(lib.uk_nbits_gemm(*nbits_call(w), ffi.NULL, view_ptr(x2), m, ldx, f32(y), w.n, self._mode),
                   f"MatMulNBits gemm [{w.n}, {w.k}] {w.nbits.bits}-bit, blocks of {w.nbits.block_size}")
+            return y
+        if w.mlx is not None:
+            check(lib.uk_mlx_gemm(*mlx_call(w), ffi.NULL, view_ptr(x2), m, ldx, f32(y), w.n),
+                  f"mlx gemm {w.mlx.mode} {w.mlx.bits}-bit, groups of {w.mlx.group_size}, [{w.n}, {w.k}]")
             return y
         assert w.dtype.gguf_id is not None
         check(lib.uk_gemm(w.dtype.gguf_id, w.pointer(), w.n, w.k, view_ptr(x2), m, ldx, f32(y), w.n, self._mode),
