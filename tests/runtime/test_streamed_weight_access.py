@@ -114,3 +114,52 @@ def test_a_streamed_n_d_gather_table_is_read_by_rows_as_the_planner_assumes(tmp_
                 np.testing.assert_array_equal(np.array(exe.run({"ids": ids})["y"]), raw[ids])
         finally:
             exe.close()
+
+
+def _mlx_table(tmp_path: Path, mode: str, scale: DType) -> tuple[Graph, dict[str, np.ndarray], dict[str, object]]:
+    """A QuantizedEmbedding over a [V, D] table in MLX's layout (values, scales, affine biases), each a raw file."""
+    rng = np.random.default_rng(11)
+    bits, gs = (4, 32) if mode == "mxfp4" else (3, 32)
+    words = rng.integers(0, 2**32, (V, D * bits // 32), dtype=np.uint32)
+    if mode == "mxfp4":
+        arrays = {"qw": words, "qs": rng.integers(120, 131, (V, D // gs)).astype(np.uint8)}
+    else:
+        sc = rng.uniform(-0.3, 0.3, (V, D // gs)).astype(np.float32)
+        bi = rng.uniform(-1, 1, (V, D // gs)).astype(np.float32)
+        conv = (lambda a: (a.view(np.uint32) >> 16).astype(np.uint16)) if scale is DType.BF16 else (lambda a: a)
+        arrays = {"qw": words, "qs": conv(sc), "qb": conv(bi)}
+    types = {"qw": DType.U32, "qs": DType.U8 if mode == "mxfp4" else scale, "qb": scale}
+    for n, a in arrays.items():
+        (tmp_path / f"{n}.bin").write_bytes(a.tobytes())
+    weights = [Tensor(n, types[n], a.shape, weight=WeightRef(f"{n}.bin")) for n, a in arrays.items()]
+    node = Node("lookup/mlx", "QuantizedEmbedding", ("ids", *arrays), ("y",),
+                {"dim": D, "mode": mode, "bits": bits, "group_size": gs})
+    values = [Tensor("ids", DType.I64, ("seq",)), *weights, Tensor("y", DType.F32, ("seq", D))]
+    g = make_graph("mlx_rows", [node], values, ["ids"], ["y"])
+    index = {f"{n}.bin": storage.WeightLocation(str(tmp_path / f"{n}.bin"), 0, a.nbytes, types[n], a.shape)
+             for n, a in arrays.items()}
+    return g, arrays, index
+
+
+@pytest.mark.parametrize("mode,scale", [("affine", DType.BF16), ("affine", DType.F32), ("mxfp4", DType.U8)])
+def test_a_streamed_mlx_table_is_read_by_rows_from_each_of_its_tensors(tmp_path: Path, mode: str,
+                                                                       scale: DType) -> None:
+    """An MLX-quantized table (QuantizedEmbedding) is two or three tensors, all read by rows: each streamed one row
+    by row (never staged), a pinned one (here the scales, some runs) as a view; the rows equal the mapped run's."""
+    g, arrays, index = _mlx_table(tmp_path, mode, scale)
+    ids = {"ids": np.array([3, 0, 63, 3, 17, 5, 9, 22, 40, 1, 8, 63, 30, 12, 7, 2, 44, 61], np.int64)}
+    mapped = CPU.compile(g, None, ArrayWeights({f"{n}.bin": a for n, a in arrays.items()}), max_tokens=32,
+                         kv_state=False)
+    want = np.array(mapped.run(ids)["y"])
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    for streamed in (set(index), set(index) - {"qs.bin"}):
+        with storage.StreamingStore(index, 1 << 20) as store:
+            exe = CPU.compile(g, None, store, max_tokens=32, kv_state=False, streamed=streamed)
+            try:
+                assert exe.streaming is not None and not set(exe.streaming.order)  # nothing staged
+                for _ in range(2):
+                    np.testing.assert_array_equal(np.array(exe.run(ids)["y"]), want)
+                with pytest.raises(Exception, match=r"index 64 is outside the table 'qw' \(64 rows\)"):
+                    exe.run({"ids": np.array([1, 64], np.int64)})
+            finally:
+                exe.close()

@@ -46,6 +46,7 @@ from uaii.backends.cpu.ops_extra import EXTRA, expert_banks
 from uaii.backends.cpu.ops_fast import FAST
 from uaii.backends.cpu.ops_logic import SELECT
 from uaii.backends.cpu.ops_math import MATH
+from uaii.backends.cpu.ops_mlxq import MLXQ
 from uaii.backends.cpu.ops_nbits import NBITS
 from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.ops_shape import SHAPE
@@ -57,7 +58,8 @@ from uaii.ir.ops import UNARY
 from uaii.ir.plan import ArenaLayout
 from uaii.kernels import PackedWeight
 
-GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA, **MATH, **SELECT, **SHAPE, **NBITS}
+GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA, **MATH, **SELECT, **SHAPE, **NBITS,
+                                                                   **MLXQ}
 MAX_BINDINGS = 16
 """Bindings kept, least recently used dropped first: a server's decode batches of 1..max_sequences rows stay bound
 while prefills of many prompt lengths come and go (binding SmolLM2 costs ~30 ms, several decode steps)."""

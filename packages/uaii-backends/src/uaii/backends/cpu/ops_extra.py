@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from uaii.backends.base import BackendError
-from uaii.backends.cpu.bind import Bind, Step, fptr, lib, numpy_step, status_fail
+from uaii.backends.cpu.bind import NULL, Bind, Step, fptr, lib, numpy_step, status_fail
 from uaii.backends.cpu.memory import NodeInfo
 from uaii.backends.cpu.ops_fast import rope_inv_freq
 from uaii.backends.cpu.ops_numpy import compute, operand, store
 from uaii.ir import DType, UaiiError, WeightAccess
-from uaii.kernels import DEQUANT_TYPES, PackedWeight
+from uaii.kernels import DEQUANT_TYPES, PackedWeight, mlx_call
 
 
 # --- RoPE ----------------------------------------------------------------------------------------------------
@@ -153,6 +153,11 @@ class _Bank:
 
 
 def _gemm(pw: PackedWeight, x: np.ndarray, y: np.ndarray, mode: int, where: str) -> None:
+    if pw.mlx is not None:  # an MLX-quantized expert (QuantizedMoEExperts): f32 activations, exact weights
+        rc = lib.uk_mlx_gemm(*mlx_call(pw), NULL, fptr(x), x.shape[0], pw.k, fptr(y), pw.n)
+        if rc:
+            raise status_fail(where, rc)
+        return
     assert pw.dtype.gguf_id is not None
     rc = lib.uk_gemm(pw.dtype.gguf_id, pw.pointer(), pw.n, pw.k, fptr(x), x.shape[0], pw.k, fptr(y), pw.n, mode)
     if rc:
@@ -176,7 +181,7 @@ def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where:
     d = x.shape[-1]
     rows = max(x.size // d if d else 0, 1)
     xs, g, u, h = (b.scratch((rows, n)) for n in (d, ff, ff, d))
-    act = info.attrs.get("activation", "silu") if node.op == "MoEExperts" else "silu"
+    act = info.attrs.get("activation", "silu")  # MoEExpertsSwiGLU admits silu only
     kind = "silu" if act == "silu" else "gelu"
     mode = b.gemm_mode(out)
 

@@ -4,12 +4,8 @@
 registers for decode rows, by chunks for batches). The node's ``accuracy_level`` is what the model's author accepts,
 so the ``fast`` gemm option (the default) follows it; the ``f32`` option asks for exact products everywhere and wins
 over a level of 4. Nothing is dequantized or repacked at compile time, so a streamed weight is read from its staging
-view as a mapped one is from the map (the streaming layer relowers the node per staging address).
-
-The kernel step is bound once per binding with every pointer resolved; activations that are not contiguous float32
-(an f16 or bf16 A, a strided view) are converted into a scratch buffer by a step before it, and a bias that is not a
-weight is added by a step after it. B, scales or zero points computed by the graph (not weights) are wrapped at run
-time instead, through the same kernel.
+view as a mapped one is from the map (the streaming layer relowers the node per staging address). Activations, bias
+and weights computed by the graph are handled as for every packed product (:mod:`.ops_packed`).
 """
 
 from __future__ import annotations
@@ -18,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from uaii.backends.cpu.bind import NULL, Bind, Step, fptr, kernel, lib, numpy_step, status_fail, to_f32
+from uaii.backends.cpu.bind import Bind, Step, fptr, lib
 from uaii.backends.cpu.memory import NodeInfo
+from uaii.backends.cpu.ops_packed import packed_product
 from uaii.kernels import PackedWeight, nbits_call
 
-F32 = np.dtype(np.float32)
 INT8_ACCURACY = 4
 """The accuracy_level from which A may be quantized to int8 (onnxruntime's CompInt8; its CPU computes 0..3 in f32)."""
 INT8_MODE, F32_MODE = 0, 1
@@ -59,45 +55,13 @@ def _packed(b: Bind, info: NodeInfo, arrays: dict[str, np.ndarray]) -> PackedWei
 
 def matmul_nbits(b: Bind, info: NodeInfo) -> list[Step]:
     a_name, b_name, s_name, z_name, bias_name = _inputs(info)
-    out = info.node.outputs[0]
     k, n = int(info.attrs["K"]), int(info.attrs["N"])
-    x, y = b.a(a_name), b.a(out)
-    m = x.size // k
-    if m == 0:
-        return []
-    steps: list[Step] = []
-    xs = x
-    if x.dtype != F32 or not x.flags.c_contiguous:
-        xs = b.scratch(x.shape)
-        a_dtype = b.dtype(a_name)
-        steps.append(numpy_step(lambda: np.copyto(xs, to_f32(x, a_dtype))))
-    mode = nbits_mode(b.gemm_mode(out), int(info.attrs.get("accuracy_level", 0)))
-    bias: Any = NULL
-    late_bias: np.ndarray | None = None
-    if bias_name and b.is_weight(bias_name):
-        bias_f32 = b.f32_weight(bias_name).reshape(-1)
-        b.keep.append(bias_f32)
-        bias = fptr(bias_f32)
-    elif bias_name:
-        late_bias = b.a(bias_name)
-    parts = [v for v in (b_name, s_name, z_name) if v]
-    if all(b.is_weight(v) for v in parts):
-        pw = _packed(b, info, {v: b.weight(v).raw for v in parts})
-        b.keep.append(pw)
-        steps.append(kernel(lib.uk_nbits_gemm, *nbits_call(pw), bias, fptr(xs), m, k, fptr(y), n, mode))
-    else:
-        def step() -> None:
-            pw = _packed(b, info, {v: np.ascontiguousarray(b.a(v)) for v in parts})
-            rc = lib.uk_nbits_gemm(*nbits_call(pw), bias, fptr(xs), m, k, fptr(y), n, mode)
-            if rc:
-                raise status_fail(f"node {info.node.name!r} (MatMulNBits)", int(rc))
-
-        steps.append(step)
-    if late_bias is not None:
-        bias_dtype = b.dtype(bias_name)
-        lb = late_bias
-        steps.append(numpy_step(lambda: np.add(y, to_f32(lb, bias_dtype), out=y)))
-    return steps
+    y = b.a(info.node.outputs[0])
+    mode = nbits_mode(b.gemm_mode(info.node.outputs[0]), int(info.attrs.get("accuracy_level", 0)))
+    return packed_product(b, info, a_name=a_name, parts=[v for v in (b_name, s_name, z_name) if v],
+                          bias_name=bias_name, k=k, fn=lib.uk_nbits_gemm,
+                          call=lambda pw, bias, x, m: (*nbits_call(pw), bias, x, m, k, fptr(y), n, mode),
+                          wrap=lambda arrays: _packed(b, info, arrays))
 
 
 NBITS: dict[str, Any] = {"MatMulNBits": matmul_nbits}

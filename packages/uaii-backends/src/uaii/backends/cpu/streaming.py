@@ -25,7 +25,9 @@ declaration). Two kinds never go through staging:
 * a table read by rows (``ROWS``: an Embedding or Gather table, of any rank: a row is everything after axis 0) is
   read row by row: one ``pread`` of each looked-up row, addressed ``ref@rows=i:i+1`` (a row of a block-quantized
   table is contiguous, ``d / block_size * type_size`` bytes) into small aligned row buffers; the table is never
-  staged or pinned for the lookup (the planner sizes staging without it).
+  staged or pinned for the lookup (the planner sizes staging without it). An MLX-quantized table
+  (QuantizedEmbedding) is up to three tensors read by rows: each streamed one is read the same way, row i of a
+  pinned one is a view, and the row is dequantized from them.
 * MoE expert banks (``EXPERTS``): after routing, only the selected experts' references (``#e=N``) are read, through
   an :class:`~uaii.storage.ExpertCache` (byte-budgeted LRU) so that repeats are served from memory.
 
@@ -47,6 +49,7 @@ from uaii.backends.cpu.bind import Bind, Step, WeightData, fptr, status_fail, vp
 from uaii.backends.cpu.memory import NodeInfo
 from uaii.ir import DType
 from uaii.ir.ops import WeightAccess
+from uaii.ir.ops.quantized import BANK_SLOTS
 from uaii.kernels import DEQUANT_TYPES, PackedWeight
 from uaii.kernels.native import ffi, lib
 
@@ -55,9 +58,13 @@ if TYPE_CHECKING:
 
 ROW_CHUNK = 16  # rows of a streamed embedding table read together (parallel preads)
 MAX_VARIANTS = 4  # cached lowerings per streamed node (one per distinct staging address set)
-ROW_OPS = {"Embedding": False, "Gather": True}
+ROW_OPS = {"Embedding": False, "Gather": True, "QuantizedEmbedding": False}
 """The ops whose table reads (``WeightAccess.ROWS``) the row path computes → whether a negative index counts from
-the end (Gather) or is an error (an Embedding's token ids)."""
+the end (Gather) or is an error (token ids)."""
+PACKED_ROW_OPS = frozenset({"QuantizedEmbedding"})
+PACKED_EXPERT_OPS = frozenset({"QuantizedMoEExperts"})
+"""MoE ops whose banks are several tensors each (MLX-quantized: packed values, scales, biases), all read by expert."""
+"""Row ops whose table is several tensors read by rows (an MLX-quantized table: packed values, scales, biases)."""
 CHUNK_OPS = {"MatMul": False, "MatMulRelu": True}
 """The ops whose weight reads by output rows (``WeightAccess.ROW_CHUNKS``) the chunk path computes → relu after."""
 
@@ -123,17 +130,29 @@ class StreamingWeights:
 
     def staging_bytes(self) -> int:
         """Bytes streaming reads through: the store's staging pool, the embedding row buffers, the expert cache."""
-        rows = self._row_buffer_bytes() * ROW_CHUNK
+        rows = self._row_buffer_bytes() * ROW_CHUNK * self._row_sets()
         cache = int(self.expert_cache.budget_bytes) if self.expert_cache is not None else 0
         return int(getattr(self.store, "staging_capacity", 0)) + rows + cache
 
     def _row_buffer_bytes(self) -> int:
         """Bytes of one row buffer: the longest row of any table the row path reads, plus a page (a read may
-        straddle one); 0 without such a table. :meth:`staging_bytes` counts what :meth:`_row_step` allocates."""
+        straddle one); 0 without such a table. :meth:`staging_bytes` counts what :meth:`_row_buffers` allocates."""
         from uaii.storage import PAGE, round_up
 
-        tables = [self.exe.graph.tensor(x) for x in map(self._row_table, self.exe.infos) if x is not None]
+        tables = [self.exe.graph.tensor(x) for info in self.exe.infos for x in self._row_tables(info)]
         return max((round_up(t.dtype.nbytes(_row_elements(t)), PAGE) + PAGE for t in tables), default=0)
+
+    def _row_sets(self) -> int:
+        """Row buffers per looked-up row: the most streamed tables one row lookup reads (an MLX table: up to 3)."""
+        return max((len(self._row_tables(info)) for info in self.exe.infos), default=0) or 1
+
+    def _row_buffers(self) -> list[Any]:
+        """The row buffers, ROW_CHUNK per table a lookup reads; one set for every node, sized for the longest row."""
+        from uaii.storage import AlignedBuffer
+
+        if not self._row_bufs:
+            self._row_bufs = [AlignedBuffer(self._row_buffer_bytes()) for _ in range(ROW_CHUNK * self._row_sets())]
+        return self._row_bufs
 
     # --- what a node reads -----------------------------------------------------------------------------------
     def streamed_inputs(self, info: NodeInfo) -> list[str]:
@@ -145,8 +164,16 @@ class StreamingWeights:
         names = self.names if among is None else among
         return [w.name for w in info.schema.weight_inputs(info.node, names, info.attrs, access=access)]
 
+    def _row_tables(self, info: NodeInfo) -> list[str]:
+        """The streamed tables a node reads by rows (ROWS access) when the row path computes its op; empty: the node
+        stages what it reads."""
+        if info.node.op in PACKED_ROW_OPS:
+            return self._reads(info, WeightAccess.ROWS)
+        table = self._row_table(info)
+        return [] if table is None else [table]
+
     def _row_table(self, info: NodeInfo) -> str | None:
-        """The streamed table a node reads by rows (ROWS access) when the row path computes its op: rows (all after
+        """The streamed table an Embedding or Gather reads by rows when the row path computes it: rows (all after
         axis 0, whole blocks) copied (the output keeps the table's dtype) or dequantized into f32. None: the node
         stages what it reads."""
         tables = self._reads(info, WeightAccess.ROWS)
@@ -166,8 +193,8 @@ class StreamingWeights:
         """Streamed weights a node acquires through staging (row lookups and expert banks do not)."""
         if self._moe(info):
             return [x for x in self.streamed_inputs(info) if x not in self._reads(info, WeightAccess.EXPERTS)]
-        table = self._row_table(info)
-        return [x for x in self.streamed_inputs(info) if x != table]
+        tables = self._row_tables(info)
+        return [x for x in self.streamed_inputs(info) if x not in tables]
 
     def chunks(self, info: NodeInfo) -> list[tuple[str, int, int]] | None:
         """Row chunks ``(ref, start, stop)`` of a streamed [N, K] weight that the node's op reads by output rows
@@ -212,6 +239,8 @@ class StreamingWeights:
                 raise BackendError(f"[backend] node {info.node.name!r}: a MoE node streams its expert banks through "
                                    "the expert cache; its other weights must be pinned")
             return self._moe_steps(b, info)
+        if info.node.op in PACKED_ROW_OPS and self._row_tables(info):
+            return [self._packed_row_step(b, info)]
         table = self._row_table(info)
         if table is not None:
             return [self._row_step(b, info, table)]
@@ -263,14 +292,12 @@ class StreamingWeights:
     def _row_step(self, b: Bind, info: NodeInfo, table: str) -> Step:
         """Each looked-up row of ``table`` read on its own (``ref@rows=i:i+1``, the one row syntax of
         ``uaii.storage``) into a small row buffer, then copied to its output row, or dequantized into f32."""
-        from uaii.storage import AlignedBuffer, rows_ref
+        from uaii.storage import rows_ref
 
         node, t = info.node, self.exe.graph.tensor(table)
         assert t.weight is not None
         vocab, d = int(t.shape[0]), _row_elements(t)
-        if not self._row_bufs:  # one set for every table, sized for the longest row
-            self._row_bufs = [AlignedBuffer(self._row_buffer_bytes()) for _ in range(ROW_CHUNK)]
-        bufs, wraps, ref, store = self._row_bufs, ROW_OPS[node.op], str(t.weight), self.store
+        bufs, wraps, ref, store = self._row_buffers(), ROW_OPS[node.op], str(t.weight), self.store
         ids = b.index_as(node.inputs[1 - node.inputs.index(table)], np.int64)
         y = b.a(node.outputs[0])
         if not y.flags.c_contiguous:
@@ -289,6 +316,52 @@ class StreamingWeights:
                 views = store.read_many_into([(rows_ref(ref, r, r + 1), bufs[j]) for j, r in enumerate(rows)])
                 for j, v in enumerate(views):
                     put(s + j, v)
+
+        return step
+
+    def _packed_row_step(self, b: Bind, info: NodeInfo) -> Step:
+        """QuantizedEmbedding over streamed tables: row i of each streamed tensor (packed values, scales, biases) read
+        on its own into a row buffer, of a pinned one a view, then the row dequantized from them."""
+        from uaii.backends.cpu.ops_mlxq import dequantize_row, packed_mlx
+        from uaii.storage import rows_ref
+
+        node, graph = info.node, self.exe.graph
+        parts = [v for v in node.inputs[1:4] if v]
+        streamed = [v for v in parts if v in self._row_tables(info)]
+        pinned = {v: b.weight(v).raw.reshape(int(graph.tensor(v).shape[0]), -1) for v in parts if v not in streamed}
+        vocab, dim = int(graph.tensor(parts[0]).shape[0]), int(info.attrs["dim"])
+        row_bytes = {v: graph.tensor(v).dtype.nbytes(_row_elements(graph.tensor(v))) for v in streamed}
+        types = {v: graph.tensor(v).dtype.numpy for v in streamed}
+        refs = {v: self.ref_of[v] for v in streamed}
+        bufs, store = self._row_buffers(), self.store
+        ids = b.index_as(node.inputs[0], np.int64)
+        y = b.a(node.outputs[0])
+        if not y.flags.c_contiguous or y.dtype != np.float32:
+            raise BackendError(f"[backend] node {node.name!r}: a table read by rows needs a contiguous float32 output")
+        out = y.reshape(-1, dim)
+
+        def row_arrays(views: dict[str, np.ndarray], r: int) -> dict[str, np.ndarray]:
+            got = {v: views[v].reshape(-1).view(np.uint8)[:row_bytes[v]].view(types[v]).reshape(1, -1)
+                   for v in streamed}
+            got.update({v: a[r:r + 1] for v, a in pinned.items()})
+            return got
+
+        def step(_keep: Any = (ids, y, bufs)) -> None:
+            flat = ids.reshape(-1)
+            for s in range(0, flat.size, ROW_CHUNK):
+                rows = [int(i) for i in flat[s:s + ROW_CHUNK]]
+                bad = [r for r in rows if not 0 <= r < vocab]
+                if bad:
+                    raise BackendError(f"[backend] node {node.name!r}: index {bad[0]} is outside the table "
+                                       f"{parts[0]!r} ({vocab} rows)")
+                reads = [(rows_ref(refs[v], r, r + 1), bufs[t * ROW_CHUNK + j])
+                         for t, v in enumerate(streamed) for j, r in enumerate(rows)]
+                views = store.read_many_into(reads)
+                for j, r in enumerate(rows):
+                    got = row_arrays({v: views[t * len(rows) + j] for t, v in enumerate(streamed)}, r)
+                    rc = dequantize_row(packed_mlx(b, info, got, 1, dim), out[s + j])
+                    if rc:
+                        raise status_fail(f"node {node.name!r} (table row)", rc)
 
         return step
 
@@ -354,6 +427,30 @@ class StreamingWeights:
         return [step]
 
     # --- MoE experts -------------------------------------------------------------------------------------------
+    def _packed_moe_step(self, b: Bind, info: NodeInfo) -> Step:
+        """QuantizedMoEExperts over banks streamed through the expert cache: each routed expert's slice of every bank
+        tensor (packed values, scales, biases) read by its reference ``#e=N``, wrapped as it lies in the cache."""
+        from uaii.backends.cpu.ops_extra import expert_step
+        from uaii.backends.cpu.ops_mlxq import expert_weights
+
+        cache, node, graph = self.expert_cache, info.node, self.exe.graph
+        names = self._reads(info, WeightAccess.EXPERTS, self.exe.weight_names)
+        refs: dict[str, list[str]] = {}
+        for name in names:
+            t = graph.tensor(name)
+            if t.weight is None or len(t.shape) != 3:
+                raise BackendError(f"[backend] expert bank {name!r} ({t.dtype.value}, {list(t.shape)}) cannot "
+                                   "stream by expert")
+            refs[name] = [str(t.weight.with_expert(e)) for e in range(int(t.shape[0]))]
+        d_ff = int(graph.tensor(node.inputs[BANK_SLOTS["gate"][0]]).shape[1])
+
+        def experts(e: int) -> tuple[PackedWeight, PackedWeight, PackedWeight]:
+            raws = cache.get_many([refs[name][e] for name in names])
+            gate, up, down = expert_weights(b, info, e, dict(zip(names, raws, strict=True)), one_expert=True)
+            return gate, up, down
+
+        return expert_step(b, info, d_ff, experts, f"node {node.name!r} (expert gemm)")
+
     def _moe_steps(self, b: Bind, info: NodeInfo) -> list[Step]:
         from uaii.backends.cpu.ops_extra import expert_step
 
@@ -362,6 +459,8 @@ class StreamingWeights:
         if cache is None:
             raise BackendError(f"[backend] node {node.name!r}: streamed expert banks need an expert cache "
                                "(compile with expert_cache=ExpertCache(store, budget))")
+        if node.op in PACKED_EXPERT_OPS:
+            return [self._packed_moe_step(b, info)]
         banks = []
         for name in self._reads(info, WeightAccess.EXPERTS, self.exe.weight_names):  # gate, up, down (slot order)
             t = self.exe.graph.tensor(name)

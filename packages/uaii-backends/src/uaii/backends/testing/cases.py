@@ -192,4 +192,105 @@ def matmul_nbits_cases() -> list[Case]:
     return out
 
 
-__all__ = ["F32", "LOW", "Q8_ACT", "Builder", "Case", "binary_case", "matmul_nbits_cases", "unary_case"]
+# --- QuantizedMatMul / QuantizedEmbedding: MLX's quantized layout, kept packed ------------------------------------
+def _mlx_weights(b: Builder, n: int, k: int, mode: str, bits: int, gs: int, scale_dtype: str = "u8",
+                 as_inputs: bool = False, prefix: str = "", experts: int = 0) -> list[str]:
+    """Packed values, scales and biases (affine; "" otherwise) of a random [n, k] weight in MLX's layout, as weights
+    (or feeds). Every uint32 word is valid but for mxfp8, whose two E4M3 NaN codes are left out; affine scales of
+    either sign span about 2 / (2^bits - 1); fp scale codes stay finite (E8M0 120..130: 2^-7..2^3; E4M3 of either
+    sign, 0.5..3.75), so every output is finite."""
+    put = b.input if as_inputs else b.weight
+    groups = k // gs
+    lead = (experts,) if experts else ()                   # an expert bank: [experts, n, ...]
+    if mode == "mxfp8":
+        codes = b.rng.integers(0, 256, (*lead, n, k)).astype(np.uint8)
+        codes[(codes & 0x7F) == 0x7F] -= 1
+        words = codes.view("<u4")                          # value j in byte j: LSB first
+    else:
+        words = b.rng.integers(0, 2**32, (*lead, n, k * bits // 32), dtype=np.uint32)
+    names = [put(f"{prefix}W", "u32", words.shape, value=words)]
+    shape = (*lead, n, groups)
+    if mode == "affine":
+        sdt, span = DType.parse(scale_dtype), 2.0 / (2**bits - 1)
+        return [*names, put(f"{prefix}scales", sdt, shape, value=_values(b.rng, sdt, shape, -span, span)),
+                put(f"{prefix}biases", sdt, shape, value=_values(b.rng, sdt, shape, -1.0, 1.0))]
+    if mode.startswith("mx"):
+        scales = b.rng.integers(120, 131, shape)
+    else:
+        scales = b.rng.integers(0x30, 0x48, shape) | (b.rng.integers(0, 2, shape) << 7)
+    return [*names, put(f"{prefix}scales", "u8", shape, value=scales.astype(np.uint8)), ""]
+
+
+def quantized_cases() -> list[Case]:
+    """QuantizedMatMul on decode rows and batches (leading dims too): affine at 1 to 8 bits with groups of 32 to 128
+    and f32, f16 or bf16 scales and biases; mxfp4, mxfp8 and nvfp4; a bias weight or a bias fed as an activation; f16
+    activations; the packed weight fed as activations (not weights). QuantizedEmbedding looks up repeated ids in
+    affine and fp tables. Within F32: the weight is dequantized exactly, the products accumulate in float32."""
+    out = []
+    for name, rows, k, n, mode, bits, gs, sdt, adt, bias in (
+            ("affine_q4_g64_decode", (1,), 256, 40, "affine", 4, 64, "f32", "f32", "weight"),
+            ("affine_q4_g64_prefill", (7,), 256, 40, "affine", 4, 64, "f16", "f32", ""),
+            ("affine_q2_g32_batch", (2, 3), 128, 24, "affine", 2, 32, "bf16", "f32", "input"),
+            ("affine_q3_g32_decode", (1,), 192, 20, "affine", 3, 32, "f16", "f32", ""),
+            ("affine_q3_g128_f16_act", (7,), 256, 16, "affine", 3, 128, "bf16", "f16", "weight"),
+            ("affine_q8_g128_prefill", (5,), 256, 24, "affine", 8, 128, "f32", "f32", ""),
+            ("affine_q8_g32_decode", (1,), 64, 33, "affine", 8, 32, "bf16", "f32", "weight"),
+            ("affine_q6_g64_prefill", (3,), 128, 12, "affine", 6, 64, "f16", "f16", "input"),
+            ("affine_q5_g32_decode", (1,), 96, 10, "affine", 5, 32, "f32", "f32", ""),
+            ("affine_q1_g32_prefill", (4,), 64, 8, "affine", 1, 32, "f16", "f32", ""),
+            ("mxfp4_decode", (1,), 256, 32, "mxfp4", 4, 32, "u8", "f32", ""),
+            ("mxfp4_batch", (2, 3), 128, 20, "mxfp4", 4, 32, "u8", "f32", "weight"),
+            ("mxfp8_decode", (1,), 64, 16, "mxfp8", 8, 32, "u8", "f32", "weight"),
+            ("mxfp8_prefill", (7,), 128, 24, "mxfp8", 8, 32, "u8", "f16", ""),
+            ("nvfp4_decode", (1,), 128, 24, "nvfp4", 4, 16, "u8", "f32", "input"),
+            ("nvfp4_prefill", (7,), 64, 40, "nvfp4", 4, 16, "u8", "f16", "")):
+        b = Builder("QuantizedMatMul", name)
+        ins = [b.input("a", adt, (*rows, k)), *_mlx_weights(b, n, k, mode, bits, gs, sdt)]
+        if bias == "weight":
+            ins.append(b.weight("bias", adt, (n,)))
+        elif bias == "input":
+            ins.append(b.input("bias", adt, (n,)))
+        out.append(b.case(ins, [("y", "f32", (*rows, n))], F32, K=k, N=n, mode=mode, bits=bits, group_size=gs))
+    for name, mode, bits, gs, sdt in (("affine_fed", "affine", 4, 32, "f16"), ("mxfp4_fed", "mxfp4", 4, 32, "u8")):
+        b = Builder("QuantizedMatMul", name)
+        ins = [b.input("a", "f32", (3, 64)), *_mlx_weights(b, 6, 64, mode, bits, gs, sdt, as_inputs=True)]
+        out.append(b.case(ins, [("y", "f32", (3, 6))], F32, K=64, N=6, mode=mode, bits=bits, group_size=gs))
+    for name, ids, mode, bits, gs, sdt, fed in (
+            ("affine_q4_g32", [[3, 0, 3], [49, 7, 3]], "affine", 4, 32, "bf16", False),
+            ("affine_q8_g64_decode", [17], "affine", 8, 64, "f32", False),
+            ("affine_q3_g128_repeats", [5, 5, 0, 5, 2, 49, 5], "affine", 3, 128, "f16", False),
+            ("mxfp4", [[1, 1], [48, 0]], "mxfp4", 4, 32, "u8", False),
+            ("nvfp4", [9, 2, 9], "nvfp4", 4, 16, "u8", False),
+            ("affine_fed", [4, 0, 4], "affine", 4, 64, "f16", True)):
+        b = Builder("QuantizedEmbedding", name)
+        idx = np.array(ids, np.int32 if name.endswith("decode") else np.int64)
+        ins = [b.input("ids", "i32" if idx.dtype == np.int32 else "i64", idx.shape, value=idx),
+               *_mlx_weights(b, 50, 128, mode, bits, gs, sdt, as_inputs=fed)]
+        out.append(b.case(ins, [("y", "f32", (*idx.shape, 128))], F32, dim=128, mode=mode, bits=bits,
+                          group_size=gs))
+    out += _quantized_experts_cases()
+    return out
+
+
+def _quantized_experts_cases() -> list[Case]:
+    """QuantizedMoEExperts: a decode row and a batch whose tokens share experts; affine banks of different bits and
+    group sizes (down at 8 bits, as mlx-lm's mixed recipes do), and mxfp4 banks; silu and gelu."""
+    out = []
+    for name, rows, mode, bits, groups, sdt, act in (
+            ("affine_mixed_decode", 1, "affine", (4, 4, 8), (64, 64, 32), "f32", "silu"),
+            ("affine_bf16_batch", 6, "affine", (3, 3, 6), (32, 32, 32), "bf16", "gelu"),
+            ("mxfp4_batch", 5, "mxfp4", (4, 4, 4), (32, 32, 32), "u8", "silu")):
+        b = Builder("QuantizedMoEExperts", name)
+        x = b.input("x", "f32", (rows, 64))
+        w = b.input("w", "f32", (rows, 2), low=0.1, high=1.0)
+        idx = b.input("i", "i64", (rows, 2), value=b.rng.integers(0, 4, size=(rows, 2)).astype(np.int64))
+        banks = [_mlx_weights(b, n, k, mode, bits[j], groups[j], sdt, prefix=f"{bank}_", experts=4)
+                 for j, (bank, n, k) in enumerate((("gate", 32, 64), ("up", 32, 64), ("down", 64, 32)))]
+        ins = [x, w, idx, *(t for bank in banks for t in bank[:2]), *(bank[2] for bank in banks)]
+        out.append(b.case(ins, [("y", "f32", (rows, 64))], F32, n_experts=4, top_k=2, activation=act, mode=mode,
+                          bits=bits, group_sizes=groups))
+    return out
+
+
+__all__ = ["F32", "LOW", "Q8_ACT", "Builder", "Case", "binary_case", "matmul_nbits_cases", "quantized_cases",
+           "unary_case"]

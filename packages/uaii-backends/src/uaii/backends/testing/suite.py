@@ -8,6 +8,7 @@ import numpy as np
 
 from uaii.backends.testing.cases import F32, LOW, Q8_ACT, Builder, Case, binary_case, unary_case
 from uaii.backends.testing.cases import matmul_nbits_cases as matmul_nbits
+from uaii.backends.testing.cases import quantized_cases as quantized
 from uaii.backends.testing.suite_onnx import logic_ops, math_ops, reduce_ops, shape_ops
 from uaii.ir import DType
 
@@ -354,7 +355,7 @@ def moe() -> list[Case]:
 
 FAMILIES: tuple[Callable[[], list[Case]], ...] = (elementwise, cast, glu, matmul, norms, reductions, movement,
                                                   indexing, rope, attention, moe, math_ops, logic_ops, reduce_ops,
-                                                  shape_ops, matmul_nbits)
+                                                  shape_ops, matmul_nbits, quantized)
 
 
 def all_cases() -> list[Case]:

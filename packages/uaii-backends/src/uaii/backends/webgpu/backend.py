@@ -27,6 +27,8 @@ UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(_ONNX_OPS.split(), "no WGSL kernel yet: the ops ONNX graphs bring (issue #14) run on the cpu "
                                        "backend"),
     "MatMulNBits": "no WGSL kernel for ONNX's MatMulNBits weight layout yet: it runs packed on the cpu backend",
+    **dict.fromkeys(("QuantizedMatMul", "QuantizedEmbedding", "QuantizedMoEExperts"),
+                    "no WGSL kernel for MLX's quantized weight layout yet: it runs packed on the cpu backend"),
 }
 """Registered ops this backend deliberately does not run, with the reason (Capabilities.unsupported). A graph with
 one of them is refused by ``compile`` (UnsupportedOpError naming every such node), never run in part."""
