@@ -153,21 +153,37 @@ def _root_groups() -> dict[str, list[object]]:
     return groups
 
 
+def _distribution(requirement: str) -> str:
+    """The normalized distribution name of a requirement string (``mlx[cpu]==0.32.4; ...`` → ``mlx``)."""
+    return deps.normalize(re.split(r"[\[<>=~!;\s]", requirement, maxsplit=1)[0])
+
+
+def _members(groups: dict[str, list[object]], name: str) -> set[str]:
+    """The requirement strings of a group with the groups it includes, recursively."""
+    out: set[str] = set()
+    for item in groups[name]:
+        if isinstance(item, str):
+            out.add(item)
+        else:
+            assert isinstance(item, dict) and set(item) == {"include-group"}, item
+            out |= _members(groups, str(item["include-group"]))
+    return out
+
+
 def test_every_package_has_a_test_group_of_test_tools_and_references_only() -> None:
     groups = _root_groups()
     pins: dict[str, set[str]] = {}
     for items in groups.values():
         for item in items:
             if isinstance(item, str):
-                pins.setdefault(deps.normalize(re.split(r"[<>=~!]", item)[0]), set()).add(item)
+                pins.setdefault(_distribution(item), set()).add(item)
     assert {n: p for n, p in pins.items() if len(p) > 1} == {}  # one pin per distribution, whatever the group
+    references = {_distribution(i) for g in ("dev", "reference") for i in _members(groups, g)}
     for pkg in PACKAGES:
         items = groups[f"test-{pkg}"]
         assert {"include-group": "test"} in items, pkg
-        names = {deps.normalize(re.split(r"[<>=~!]", i)[0]) for i in items if isinstance(i, str)}
+        names = {_distribution(i) for i in _members(groups, f"test-{pkg}")}
         assert not {n for n in names if n.startswith("uaii-")}, pkg  # a sibling is a dependency, never a test tool
-        references = {deps.normalize(re.split(r"[<>=~!]", i)[0]) for g in ("dev", "reference") for i in groups[g]
-                      if isinstance(i, str)}
         assert names <= references, (pkg, names - references)  # the test references of the full run, no others
 
 

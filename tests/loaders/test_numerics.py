@@ -35,7 +35,13 @@ def _weight(m: LoadedModel, t: Any) -> np.ndarray:
 
 def run_graph(m: LoadedModel, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Evaluate the whole graph with uaii-ir's reference evaluator, weights read through the weight index."""
-    return evaluate(m.graph, feeds, lambda t: _weight(m, t).astype(np.float32))
+    return evaluate(m.graph, feeds, lambda t: _as_evaluated(_weight(m, t)))
+
+
+def _as_evaluated(w: np.ndarray) -> np.ndarray:
+    """Float weights as float32; integer ones as stored: an MLX weight's packed words and uint8 scale codes, and bf16
+    (uint16 words, the IR's convention, which the evaluator reads as bf16)."""
+    return w if w.dtype.kind in "iu" else w.astype(np.float32)
 
 
 def _feeds(m: LoadedModel) -> dict[str, np.ndarray]:

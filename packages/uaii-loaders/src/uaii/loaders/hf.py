@@ -17,6 +17,7 @@ from typing import Any
 from uaii.ir import FormatError
 
 from .errors import LoaderError
+from .mlx import MlxQuantization, refuse_unsupported
 from .safetensors import INDEX_NAME, MAX_HEADER_BYTES, SafetensorsModel, open_safetensors
 from .torch_checkpoint import INDEX_NAME as TORCH_INDEX
 from .torch_checkpoint import TorchCheckpoint, open_torch
@@ -52,6 +53,14 @@ class HFDirectory:
     chat_template: str | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
     pooling: str | None = None  # what a sentence-transformers Pooling module asks for; None without one
+    quantization: MlxQuantization | None = None  # an mlx-lm checkpoint's (its config's "quantization")
+
+    @property
+    def mlx(self) -> bool:
+        """Written by MLX (mlx-lm): safetensors metadata ``format: mlx``, or MLX's quantization in config.json. Its
+        linear weights are all [out, in] (mlx-lm stores GPT-2's Conv1D weights transposed back)."""
+        meta = getattr(self.weights, "metadata", {})
+        return self.quantization is not None or meta.get("format") == "mlx"
 
 
 def read_json(path: Path, component: str = "hf", limit: int = MAX_HEADER_BYTES) -> Any:
@@ -106,13 +115,19 @@ _QUANT_SUFFIXES = {".scales": "MLX", ".biases": "MLX", ".qweight": "GPTQ/AWQ", "
                    ".weight_scale_inv": "FP8 (block-scaled)", ".SCB": "bitsandbytes", ".absmax": "bitsandbytes"}
 
 
-def _refuse_quantized(path: Path, config: dict[str, Any], weights: SafetensorsModel | TorchCheckpoint) -> None:
+def _refuse_quantized(path: Path, config: dict[str, Any], weights: SafetensorsModel | TorchCheckpoint,
+                      mlx: MlxQuantization | None) -> None:
     """A checkpoint quantized by a scheme UAII does not read yet is named as such, instead of failing later on
-    tensors "with no place in the model" (MLX's .scales/.biases, GPTQ's .qweight...)."""
+    tensors "with no place in the model" (GPTQ's .qweight, FP8's .weight_scale...). MLX's .scales/.biases are read
+    when config.json says how they are packed (``mlx``: its quantization); without it they are refused here."""
     hits = {name: scheme for name in weights.tensors for suffix, scheme in _QUANT_SUFFIXES.items()
-            if name.endswith(suffix)}
+            if name.endswith(suffix) and not (scheme == "MLX" and mlx is not None)}
     if not hits:
         return
+    if set(hits.values()) == {"MLX"}:
+        raise LoaderError(f"{path}: tensor {min(hits)!r} is an MLX quantization parameter, but config.json has no "
+                          "\"quantization\" (mlx-lm writes group_size, bits and mode there) to say how the weights "
+                          "are packed")
     quant = config.get("quantization") or config.get("quantization_config")
     parts = [f"{k} {quant[k]}" for k in ("quant_method", "bits", "group_size", "mode") if k in quant] \
         if isinstance(quant, dict) else []
@@ -161,11 +176,14 @@ def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
     if not isinstance(config, dict):
         raise FormatError("config.json must hold a JSON object", path=str(cfg_path), offset=0, component="hf")
     weights = _weights(p)
-    _refuse_quantized(p, config, weights)
+    mlx = MlxQuantization.from_config(config, str(cfg_path))
+    if mlx is not None:
+        refuse_unsupported(config, weights.tensors, str(cfg_path))
+    _refuse_quantized(p, config, weights, mlx)
     files = {role: p / name for name, role in TOKENIZER_FILES.items() if (p / name).is_file()}
     gen = read_json(files["generation_config"], limit=MAX_CONFIG_BYTES) if "generation_config" in files else {}
     return HFDirectory(p, config, weights, files, _chat_template(files),
-                       gen if isinstance(gen, dict) else {}, _sentence_pooling(p))
+                       gen if isinstance(gen, dict) else {}, _sentence_pooling(p), mlx)
 
 
 

@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from .config import _Src
 from .errors import LoaderError
 from .hf_config import Sizes, language_config, sizes
-from .names import experts_per_projection, layer_numbers
+from .names import BANK, experts_per_projection, layer_numbers
 from .weights import Weight
 
 _MOE = frozenset({"mixtral", "qwen2moe", "qwen3moe"})
@@ -87,8 +87,11 @@ class _Counts:
         if n is None:
             return
         per = experts_per_projection(self.canon)
+        for name, w in self.canon.items():  # mlx-lm's stacked experts (switch_mlp): one bank per projection
+            if (m := BANK.match(name)) and len(w.shape) == 3:
+                per[(name.split(".")[1], m.group(1))] = w.shape[0]
         if not per:
-            self.fail(key, n, "the checkpoint holds no expert tensors (mlp.experts.E.*)")
+            self.fail(key, n, "the checkpoint holds no expert tensors (mlp.experts.E.* or mlp.switch_mlp.*)")
         for (layer, proj), count in sorted(per.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
             if count != n:
                 self.fail(key, n, f"the checkpoint holds {count} experts (layer {layer}, {proj} projection)")
@@ -97,7 +100,7 @@ class _Counts:
         emb = self.canon.get("token_embd.weight")
         if emb is None or len(emb.info.shape) != 2:
             return  # the builder names the missing tensor
-        rows, width = emb.info.shape
+        rows, width = emb.logical_shape
         if width != s.d_model:
             self.fail(s.keys["d_model"], s.d_model, _has_shape(emb))
         vocab = self.count("vocab_size")

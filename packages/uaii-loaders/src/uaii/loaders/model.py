@@ -141,7 +141,8 @@ class HFLoader:
         d: HFDirectory = open_hf_directory(directory)
         where = str(d.path / "config.json")
         arch = hf_architecture(d.config, where)
-        ws = WeightSet.from_hf(WeightIndex(d.path), d.weights.tensors.values(), arch, str(d.path))
+        ws = WeightSet.from_hf(WeightIndex(d.path), d.weights.tensors.values(), arch, str(d.path), d.quantization,
+                               conv1d=not d.mlx)
         hf_counts.check_counts(d.config, arch, ws.weights, where)  # before anything is sized by the config
         cfg = from_hf(d.config, where=where)
         eos = d.generation_config.get("eos_token_id")

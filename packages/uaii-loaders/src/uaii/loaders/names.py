@@ -55,6 +55,10 @@ _COMMON: list[tuple[str, str]] = [
     (r"layers\.(\d+)\.mlp\.shared_expert\.up_proj", r"blk.\1.ffn_up_shexp"),
     (r"layers\.(\d+)\.mlp\.shared_expert\.down_proj", r"blk.\1.ffn_down_shexp"),
     (r"layers\.(\d+)\.mlp\.shared_expert_gate", r"blk.\1.ffn_gate_inp_shexp"),
+    # mlx-lm's stacked experts (SwitchGLU): one [experts, rows, cols] bank per projection
+    (r"layers\.(\d+)\.(?:mlp|block_sparse_moe)\.switch_mlp\.gate_proj", r"blk.\1.ffn_gate_exps"),
+    (r"layers\.(\d+)\.(?:mlp|block_sparse_moe)\.switch_mlp\.up_proj", r"blk.\1.ffn_up_exps"),
+    (r"layers\.(\d+)\.(?:mlp|block_sparse_moe)\.switch_mlp\.down_proj", r"blk.\1.ffn_down_exps"),
 ]
 
 _GEMMA3: list[tuple[str, str]] = [
@@ -95,7 +99,8 @@ _BERT: list[tuple[str, str]] = [
 
 
 def _compile(table: list[tuple[str, str]]) -> list[tuple[re.Pattern[str], str]]:
-    return [(re.compile(rf"^{pat}\.(weight|bias|gamma|beta)$"), rep) for pat, rep in table]
+    # scales / biases: an MLX-quantized module's parameters beside its packed weight (uaii.loaders.mlx)
+    return [(re.compile(rf"^{pat}\.(weight|bias|gamma|beta|scales|biases)$"), rep) for pat, rep in table]
 
 
 _TABLES = {
@@ -142,6 +147,8 @@ LAYER = re.compile(r"^blk\.(\d+)\.")
 """Any tensor of a layer; group 1 is the layer number."""
 BANK = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 """A packed expert bank ``[experts, rows, cols]``."""
+BANK_PART = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.(weight|scales|biases)$")
+"""A bank, or the per-expert scales / biases of an MLX-quantized one: each is split into experts (``#e=N``)."""
 EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
 """One expert's own tensor (HF checkpoints, old GGUFs); groups: layer, projection, expert."""
 
@@ -163,4 +170,5 @@ def experts_per_projection(names: Iterable[str]) -> dict[tuple[str, str], int]:
     return per
 
 
-__all__ = ["BANK", "EXPERT", "LAYER", "experts_per_projection", "hf_to_canonical", "layer_numbers", "unmapped"]
+__all__ = ["BANK", "BANK_PART", "EXPERT", "LAYER", "experts_per_projection", "hf_to_canonical", "layer_numbers",
+           "unmapped"]

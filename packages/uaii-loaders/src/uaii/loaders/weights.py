@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from uaii.ir import WeightRef
 
 from .errors import LoaderError
 from .index import TensorInfo, WeightIndex
-from .names import BANK, hf_to_canonical, unmapped
+from .mlx import SUFFIXES, MlxQuant, MlxQuantization, module_path
+from .names import BANK_PART, hf_to_canonical, unmapped
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,16 @@ class Weight:
     ref: WeightRef
     info: TensorInfo
     transposed: bool = False
+    quant: MlxQuant | None = None  # an MLX-quantized weight: info is its packed uint32 tensor
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.info.shape
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        """The matrix the weight stands for: the stored shape, or an MLX-quantized weight's unpacked one."""
+        return self.info.shape if self.quant is None else (*self.info.shape[:-1], self.quant.cols)
 
     @property
     def rows(self) -> int:
@@ -55,7 +62,7 @@ class WeightSet:
                               f"map to {canonical!r}")
         ref = self.index.add(info)
         self.weights[canonical] = Weight(canonical, ref, info, transposed)
-        if BANK.match(canonical):
+        if BANK_PART.match(canonical):
             if len(info.shape) != 3:
                 raise LoaderError(f"{self.where}: expert bank {info.name!r} has shape {list(info.shape)}; "
                                   "expected "
@@ -72,7 +79,11 @@ class WeightSet:
         return ws
 
     @classmethod
-    def from_hf(cls, index: WeightIndex, tensors: Iterable[TensorInfo], arch: str, where: str) -> WeightSet:
+    def from_hf(cls, index: WeightIndex, tensors: Iterable[TensorInfo], arch: str, where: str,
+                quantization: MlxQuantization | None = None, conv1d: bool = True) -> WeightSet:
+        """``quantization``: an mlx-lm checkpoint's (config.json); its modules' ``.scales`` / ``.biases`` are then
+        attached to their ``.weight`` (:attr:`Weight.quant`). ``conv1d``: GPT-2's linear weights are stored as HF's
+        Conv1D ([in, out]); MLX checkpoints store them [out, in]."""
         ws = cls(index, where)
         mapped = [(info, hf_to_canonical(info.name, arch)) for info in tensors]
         stray = unmapped((info.name for info, m in mapped if m is None), arch)
@@ -81,8 +92,35 @@ class WeightSet:
                               f"{', '.join(stray[:3])}")
         for info, m in mapped:
             if m is not None:
-                ws._add(m[0], info, m[1])
+                ws._add(m[0], info, m[1] and conv1d)
+        ws._attach_quantization(quantization)
         return ws
+
+    def _attach_quantization(self, quantization: MlxQuantization | None) -> None:
+        """Pair every MLX ``.scales`` (and ``.biases``) with its module's ``.weight``."""
+        companions = [name for name in self.weights if name.endswith(SUFFIXES)]
+        if companions and quantization is None:
+            w = self.weights[companions[0]]
+            raise LoaderError(f"{self.where}: tensor {w.info.name!r} is an MLX quantization parameter, but "
+                              "config.json has no \"quantization\" to say how its module is packed")
+        for name in companions:
+            stem = name.rsplit(".", 1)[0]
+            if f"{stem}.weight" not in self.weights:
+                raise LoaderError(f"{self.where}: tensor {self.weights[name].info.name!r} has no "
+                                  f"{module_path(self.weights[name].info.name)}.weight beside it")
+        for name in companions:
+            if not name.endswith(".scales"):
+                if f"{name.rsplit('.', 1)[0]}.scales" not in self.weights:
+                    raise LoaderError(f"{self.where}: tensor {self.weights[name].info.name!r} has no scales beside "
+                                      "it")
+                continue
+            assert quantization is not None
+            stem = name[: -len(".scales")]
+            w, scales, biases = self.weights[f"{stem}.weight"], self.weights[name], self.weights.get(f"{stem}.biases")
+            q = quantization.for_module(module_path(w.info.name), w.info, scales.info,
+                                        None if biases is None else biases.info)
+            self.weights[w.name] = replace(w, quant=replace(q, scales=scales.name,
+                                                            biases=None if biases is None else biases.name))
 
     # --- lookups --------------------------------------------------------------------------------------------
     def get(self, name: str) -> Weight | None:

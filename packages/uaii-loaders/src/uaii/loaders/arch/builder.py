@@ -87,17 +87,48 @@ class GraphBuilder:
         return name in self.ws
 
     def linear(self, x: str, wname: str, out: str, bias: str | None = None) -> str:
-        """``x @ W^T (+ b)``; W is ``[out, in]`` (or ``[in, out]`` when stored transposed, GPT-2 Conv1D)."""
+        """``x @ W^T (+ b)``; W is ``[out, in]`` (or ``[in, out]`` when stored transposed, GPT-2 Conv1D), or an
+        MLX-quantized ``[out, in]`` kept packed (QuantizedMatMul)."""
         w = self.ws.need(wname)
-        wt, n_out = self.matrix(w)
         rows = self.shape_of(x)[:-1]
         b = self.ws.get(bias) if bias is not None else None
-        y = self.op(Op.MATMUL, [x, wt], out if b is None else out + ".mm", (*rows, n_out),
-                    transpose_b=not w.transposed)
+        mm = out if b is None else out + ".mm"
+        if w.quant is not None:
+            k = self.shape_of(x)[-1]
+            if k != w.quant.cols:
+                raise LoaderError(f"{self.ws.where}: {w.info.name!r} packs rows of {w.quant.cols} values; its input "
+                                  f"{x!r} has {k}")
+            y = self.op(Op.QUANTIZED_MATMUL, [x, *self.quantized(w)], mm, (*rows, w.rows), K=w.quant.cols,
+                        N=w.rows, **w.quant.params.attrs())
+        else:
+            wt, n_out = self.matrix(w)
+            y = self.op(Op.MATMUL, [x, wt], mm, (*rows, n_out), transpose_b=not w.transposed)
         if b is not None:
-            y = self.op(Op.ADD, [y, self.f32(self.weight(b))], out, (*rows, n_out))
+            y = self.op(Op.ADD, [y, self.f32(self.weight(b))], out, self.shape_of(y))
         return y
 
+
+    def embedding(self, indices: str, wname: str, out: str, d: int) -> str:
+        """Rows of the table ``wname`` as f32 ``[seq, d]``: an Embedding (a GGUF block type dequantizes, a float table
+        is cast), or a QuantizedEmbedding of an MLX-quantized table."""
+        table = self.ws.need(wname)
+        if table.quant is not None:
+            return self.op(Op.QUANTIZED_EMBEDDING, [indices, *self.quantized(table)], out, (SEQ, d),
+                           dim=table.quant.cols, **table.quant.params.attrs())
+        dt = table.info.dtype
+        y = self.op(Op.EMBEDDING, [indices, self.weight(table)], out, (SEQ, d), dtype=ACT if dt.is_quantized else dt)
+        if not dt.is_quantized and dt is not ACT:
+            y = self.op(Op.CAST, [y], out + ".f32", (SEQ, d), to=ACT.value)
+        return y
+
+    def quantized(self, w: Weight) -> list[str]:
+        """An MLX-quantized weight's inputs: packed values, scales and (affine) biases, declared."""
+        q = w.quant
+        assert q is not None
+        ins = [self.weight(w), self.weight(self.ws.need(q.scales))]
+        if q.biases is not None:
+            ins.append(self.weight(self.ws.need(q.biases)))
+        return ins
 
     def f32(self, name: str) -> str:
         """``name`` as f32: a Cast node for f16/bf16 weights that meet f32 activations in binary ops."""

@@ -23,7 +23,7 @@ from uaii.ir.ops import Op
 
 from ..config import ModelConfig
 from ..errors import LoaderError
-from ..weights import WeightSet
+from ..weights import Weight, WeightSet
 from .builder import ACT, SEQ, GraphBuilder, require_weights
 
 _GLU: dict[str, tuple[str, dict[str, Any]]] = {"silu":
@@ -57,12 +57,7 @@ class DecoderLM:
 
     def embed(self, tokens: str) -> str:
         b = self.b
-        table = self.ws.need("token_embd.weight")
-        dt = table.info.dtype
-        x = b.op(Op.EMBEDDING, [tokens, b.weight(table)], "embd", (SEQ, self.cfg.d_model),
-                 dtype=ACT if dt.is_quantized else dt)
-        if not dt.is_quantized and dt is not ACT:
-            x = b.op(Op.CAST, [x], "embd.f32", (SEQ, self.cfg.d_model), to=ACT.value)
+        x = b.embedding(tokens, "token_embd.weight", "embd", self.cfg.d_model)
         if self.cfg.embedding_scale != 1.0:
             scale = b.constant("embd.scale", np.array([self.cfg.embedding_scale], dtype=np.float32))
             x = b.op(Op.MUL, [x, scale], "embd.scaled", (SEQ, self.cfg.d_model))
@@ -220,8 +215,12 @@ class DecoderLM:
         b.op(Op.MOE_ROUTER, [logits], w, (SEQ, k), dtype=DType.F32,
              extra_outputs=[(idx, DType.I64, (SEQ, k))], n_experts=n, top_k=k, normalize=cfg.norm_topk_prob)
         act = "silu" if cfg.activation == "silu" else "gelu"
-        y = b.op(Op.MOE_EXPERTS, [h, w, idx, *(b.weight(bk) for bk in banks if bk is not None)],
-                 f"{p}.moe", b.shape_of(h), n_experts=n, top_k=k, activation=act)
+        present = [bk for bk in banks if bk is not None]
+        if any(bk.quant is not None for bk in present):
+            y = self.quantized_experts(i, h, w, idx, present, act)
+        else:
+            y = b.op(Op.MOE_EXPERTS, [h, w, idx, *(b.weight(bk) for bk in present)],
+                     f"{p}.moe", b.shape_of(h), n_experts=n, top_k=k, activation=act)
         if not b.has(f"{p}.ffn_up_shexp.weight"):
             return y
         shared = self.dense_ffn(p, h, "_shexp")
@@ -230,6 +229,22 @@ class DecoderLM:
             g = b.op(Op.SIGMOID, [g], f"{p}.shexp.gate", b.shape_of(g))
             shared = b.op(Op.MUL, [shared, g], f"{p}.shexp.gated", b.shape_of(shared))
         return b.add(y, shared, f"{p}.moe_out")
+
+
+    def quantized_experts(self, i: int, h: str, w: str, idx: str, banks: list[Weight], act: str) -> str:
+        """MLX-quantized expert banks (mlx-lm's SwitchGLU): QuantizedMoEExperts, inputs in its slot order."""
+        b, cfg = self.b, self.cfg
+        quants = [bk.quant for bk in banks]
+        if any(q is None for q in quants) or len({q.params.mode for q in quants if q is not None}) != 1:
+            raise LoaderError(f"{self.ws.where}: layer {i}'s expert banks mix quantization modes "
+                              f"({', '.join(q.params.mode if q else 'float' for q in quants)}); QuantizedMoEExperts "
+                              "takes one mode for gate, up and down")
+        qs = [q for q in quants if q is not None]
+        packed = [b.quantized(bk) for bk in banks]                   # [values, scales, (biases)] per bank
+        ins = [h, w, idx, *(x for p in packed for x in p[:2]), *(p[2] if len(p) > 2 else "" for p in packed)]
+        return b.op(Op.QUANTIZED_MOE_EXPERTS, ins, f"blk.{i}.moe", b.shape_of(h), n_experts=cfg.n_experts,
+                    top_k=cfg.n_experts_used, activation=act, mode=qs[0].params.mode,
+                    bits=tuple(q.params.bits for q in qs), group_sizes=tuple(q.params.group_size for q in qs))
 
 
 class Llama(DecoderLM):

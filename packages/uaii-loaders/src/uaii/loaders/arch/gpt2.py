@@ -18,11 +18,7 @@ def embed_sum(b: GraphBuilder, parts: list[tuple[str, str, str]], d: int) -> str
     """Sum of embedding lookups ``(indices, table weight, value name)``, cast to f32 where needed."""
     total = ""
     for idx, wname, out in parts:
-        table = b.ws.need(wname)
-        dt = table.info.dtype
-        y = b.op(Op.EMBEDDING, [idx, b.weight(table)], out, (SEQ, d), dtype=ACT if dt.is_quantized else dt)
-        if not dt.is_quantized and dt is not ACT:
-            y = b.op(Op.CAST, [y], out + ".f32", (SEQ, d), to=ACT.value)
+        y = b.embedding(idx, wname, out, d)
         total = y if not total else b.add(total, y, f"{out}.sum")
     return total
 
