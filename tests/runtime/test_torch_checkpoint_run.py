@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from logits_support import prompt_logits
 
 from uaii.runtime import Session
 from uaii.runtime.cli import main
@@ -58,3 +60,38 @@ def test_uaii_run_generates_from_a_torch_directory(torch_dir: Path, capsys: Any)
     assert code == 0, err
     obj = json.loads(out)
     assert obj["tokens"] == want and 1 <= len(want) <= 6
+
+
+TOKENS = np.array([3, 17, 5, 9, 22, 40, 1, 8, 63, 30, 12, 7], np.int64)
+
+
+def _halved(d: Path, dtype: Any) -> Path:
+    """``d``'s pytorch_model.bin rewritten in ``dtype`` (torch.save's zip format, as transformers writes it)."""
+    import torch
+
+    sd = torch.load(d / "pytorch_model.bin", weights_only=True)
+    torch.save({k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}, d / "pytorch_model.bin")
+    return d
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2", "mixtral"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_cpu_backend_computes_transformers_logits(tmp_path: Path, arch: str, dtype: str) -> None:
+    """Every logit of a prompt through the CPU backend (Session.run), against transformers computing the same weights
+    in float32 (bf16 / f16 widen exactly): within 1e-5 of the logits' scale, as the reference evaluator is held."""
+    import loader_helpers as H
+    import torch
+    import transformers
+
+    d = H.save_tiny(arch, tmp_path / arch, safe=False)
+    if dtype != "f32":
+        _halved(d, torch.bfloat16 if dtype == "bf16" else torch.float16)
+    _, model_name, _ = H.TINY[arch]
+    model = getattr(transformers, model_name).from_pretrained(d, torch_dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = model(torch.from_numpy(TOKENS)[None]).logits[0].numpy()
+    with Session(d, plan_cache=False) as s:
+        got = prompt_logits(s, TOKENS)
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    assert err <= 1e-5, f"{arch} {dtype}: max|uaii cpu - transformers| / max|transformers| = {err:.2e}"

@@ -20,8 +20,9 @@ from uaii.ir import Graph, Node, Tensor, attr
 from uaii.runtime.errors import SessionError
 
 ROW_WISE = frozenset({"Softcap", "Cast", "Identity", "Tanh", "Relu", "Neg"})
-HEAD_OPS = frozenset({"MatMul", "MatMulNBits"})
-"""Ops an lm_head may be: a MatMul, or ONNX's block-quantized MatMulNBits (onnxruntime-genai int4 models)."""
+HEAD_OPS = frozenset({"MatMul", "MatMulNBits", "QuantizedMatMul"})
+"""Ops an lm_head may be: a MatMul, ONNX's block-quantized MatMulNBits (onnxruntime-genai int4 models), or MLX's
+QuantizedMatMul (mlx-lm checkpoints)."""
 TO_END = 1 << 31  # Slice: an end >= 2^31 means "to the end"
 
 
