@@ -382,3 +382,48 @@ def test_a_graph_with_both_ops_round_trips_through_json_and_binary() -> None:
     for back in (loads_json(dumps_json(graph)), from_bytes(to_bytes(graph))):
         assert S.graph_key(back) == S.graph_key(graph)
         check(back)
+
+
+# --- QuantizedMoEExperts ----------------------------------------------------------------------------------------
+def _bank(e: int, n: int, k: int, mode: str, bits: int, gs: int, sdt: str, seed: int) -> dict[str, Any]:
+    """An expert bank [e, n, k]: each expert a layout(), stacked; ``want`` the banks' expected float32 values."""
+    parts = [layout(n, k, mode, bits, gs, sdt, sane=True, seed=seed + i) for i in range(e)]
+    out = {key: np.stack([p[key] for p in parts]) for key in ("W", "scales", "want")}
+    out["biases"] = np.stack([p["biases"] for p in parts]) if mode == "affine" else None
+    return out
+
+
+@pytest.mark.parametrize("mode,bits,groups,sdt,act", [
+    ("affine", (4, 4, 8), (32, 32, 64), "f32", "silu"), ("affine", (3, 2, 6), (32, 64, 32), "bf16", "gelu"),
+    ("mxfp4", (4, 4, 4), (32, 32, 32), "u8", "silu"), ("nvfp4", (4, 4, 4), (16, 16, 16), "u8", "silu")])
+def test_quantized_experts_are_moe_experts_over_the_spec_banks(mode: str, bits: tuple[int, ...],
+                                                                groups: tuple[int, ...], sdt: str, act: str) -> None:
+    """QuantizedMoEExperts (inputs: X, weights, indices, then gate, up, down values and scales, then their biases)
+    computes MoEExperts over the banks dequantized as written out here; bits and groups differ per bank."""
+    e, d, ff, rows = 4, 64, 128, 5
+    banks = [_bank(e, n, k, mode, bits[i], groups[i], sdt, 10 * i)
+             for i, (n, k) in enumerate(((ff, d), (ff, d), (d, ff)))]
+    x = RNG.standard_normal((rows, d)).astype(np.float32)
+    w = RNG.uniform(0.1, 1.0, (rows, 2)).astype(np.float32)
+    idx = RNG.integers(0, e, (rows, 2)).astype(np.int64)
+    ins = [x, w, idx, *(t for bk in banks for t in (bk["W"], bk["scales"])), *(bk["biases"] for bk in banks)]
+    at = {"n_experts": e, "top_k": 2, "activation": act, "mode": mode, "bits": bits, "group_sizes": groups}
+    got = _run("QuantizedMoEExperts", ins, **at)
+    want = _run("MoEExperts", [x, w, idx, *(bk["want"] for bk in banks)], n_experts=e, top_k=2, activation=act)
+    assert_bits_equal(got, want)
+    dt = {"f32": "f32", "bf16": "bf16", "u8": "u8"}[sdt]
+    for extra in (0, 1):  # extra: a down bank's scales one group too wide
+        g = GraphBuilder("qmoe")
+        names = [g.input("x", "f32", ["seq", d]), g.input("w", "f32", ["seq", 2]), g.input("i", "i64", ["seq", 2])]
+        for i, bk in enumerate(banks):
+            sshape = [*bk["scales"].shape[:-1], bk["scales"].shape[-1] + (extra if i == 2 else 0)]
+            names += [g.weight(f"w{i}", "u32", list(bk["W"].shape)), g.weight(f"s{i}", dt, sshape)]
+        names += [g.weight(f"b{i}", dt, list(bk["biases"].shape)) if bk["biases"] is not None else ""
+                  for i, bk in enumerate(banks)]
+        g.op("QuantizedMoEExperts", names, [("y", "f32", ["seq", d])], **at)
+        g.outputs.append("y")
+        if not extra:
+            check(g.build())
+            continue
+        with pytest.raises(ValidationError, match=r"scales \(64 rows of \d+ groups\) must have shape"):
+            check(g.build())

@@ -8,8 +8,11 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from uaii.ir import DType
+from uaii.ir.ops.quantized import check_layout
 from uaii.loaders import LoaderError
 from uaii.loaders.index import TensorInfo
 from uaii.loaders.mlx import MlxQuantization, QuantParams, refuse_unsupported
@@ -94,6 +97,8 @@ def test_packed_weight_must_be_uint32_and_agree_with_scales() -> None:
         q.for_module("m", info("m.weight", "f32", w.shape), s, b)
     with pytest.raises(LoaderError, match="must agree in all but the last dimension"):
         q.for_module("m", w, info("m.scales", "f32", (9, 2)), b)
+    with pytest.raises(LoaderError, match="scales are i32; MLX writes float32"):
+        q.for_module("m", w, info("m.scales", "i32", s.shape), b)
     with pytest.raises(LoaderError, match=r"biases f16 .* differ from scales"):
         q.for_module("m", w, s, info("m.biases", "f16", (8, 2)))
 
@@ -121,3 +126,31 @@ def test_what_mlx_writes_and_uaii_does_not_run_is_named() -> None:
     with pytest.raises(LoaderError, match=r"'model.layers.0.mlp.switch_mlp.up_proj.global_scale' is an nvfp4 global"):
         refuse_unsupported({}, ["a.weight", "model.layers.0.mlp.switch_mlp.up_proj.global_scale"], WHERE)
     refuse_unsupported({"quantize_activations": False}, ["a.weight", "a.scales"], WHERE)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-300, 300) | st.floats(allow_nan=True)
+                     | st.text(max_size=8), lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+_entry = st.fixed_dictionaries({}, optional={"group_size": st.sampled_from([16, 32, 48, 64, 128, 0, -1]) | _json,
+                                             "bits": st.sampled_from([1, 2, 3, 4, 5, 6, 7, 8, 16]) | _json,
+                                             "mode": st.sampled_from(["affine", "mxfp4", "mxfp8", "nvfp4"]) | _json})
+
+
+@settings(max_examples=400, deadline=None)
+@given(top=_entry, modules=st.dictionaries(st.text(max_size=12), _entry | st.booleans() | _json, max_size=4),
+       mirror_only=st.booleans())
+def test_any_config_is_read_or_refused_with_a_loader_error(top: dict[str, Any], modules: dict[str, Any],
+                                                          mirror_only: bool) -> None:
+    """Whatever JSON config.json holds under quantization: a valid reading, or a LoaderError naming config.json."""
+    q = {**modules, **top}
+    config = {"quantization_config" if mirror_only else "quantization": q}
+    try:
+        got = MlxQuantization.from_config(config, WHERE)
+    except LoaderError as exc:
+        assert WHERE in str(exc)
+        return
+    if got is None:
+        assert mirror_only
+        return
+    for p in (got.default, *(m for m in got.modules.values() if m is not None)):
+        assert check_layout(p.mode, p.bits, p.group_size, p.group_size) is None

@@ -59,7 +59,7 @@ def _params(entry: Any, where: str, key: str) -> QuantParams:
         raise LoaderError(f"{where}: quantization{key} must be an object with group_size, bits and mode, found "
                           f"{entry!r}")
     mode = entry.get("mode", "affine")
-    if mode not in _DEFAULTS:
+    if not isinstance(mode, str) or mode not in _DEFAULTS:
         raise LoaderError(f"{where}: quantization{key} mode {mode!r} is not one of {', '.join(_DEFAULTS)}")
     gs, bits = entry.get("group_size", _DEFAULTS[mode][0]), entry.get("bits", _DEFAULTS[mode][1])
     if isinstance(gs, bool) or isinstance(bits, bool) or not isinstance(gs, int) or not isinstance(bits, int):
@@ -113,6 +113,9 @@ class MlxQuantization:
         if weight.dtype is not DType.U32:
             raise LoaderError(f"{self.where}: module {path!r} has scales, so its weight must be packed uint32; "
                               f"found {weight.dtype.value}")
+        if scales.dtype not in (DType.F32, DType.F16, DType.BF16, DType.U8):
+            raise LoaderError(f"{self.where}: module {path!r}: scales are {scales.dtype.value}; MLX writes float32, "
+                              "float16 or bfloat16 scales (affine) or uint8 codes (mxfp4, mxfp8, nvfp4)")
         words, groups = weight.shape[-1], scales.shape[-1]
         fp_scales = scales.dtype is DType.U8
         if path in self.modules:
