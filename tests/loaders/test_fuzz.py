@@ -15,8 +15,10 @@ import io
 import json
 import os
 import random
+import resource
 import struct
 import time
+import tracemalloc
 import zipfile
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +35,8 @@ from uaii.loaders.safetensors import parse_header
 CASES = int(os.environ.get("UAII_FUZZ_CASES", "10000"))
 SEED = int(os.environ.get("UAII_FUZZ_SEED", "1234"))
 SLOW_CASE_S = 0.5  # a case that takes this long is a hang in the making
+PEAK_BYTES = 16 << 20
+"""Bound on one torch fuzz case's allocations: the files are a few KB, so anything near this was sized by a claim."""
 
 U64 = [0, 1, 7, 8, 31, 32, 255, 1 << 31, (1 << 32) - 1, 1 << 32, 1 << 40, 1 << 62, 1 << 63, (1 << 64) - 1]
 U32 = [0, 1, 2, 8, 9, 12, 13, 30, 31, 39, 40, 99, 250, (1 << 31), (1 << 32) - 1]
@@ -66,23 +70,43 @@ def _mutate_bytes(rng: random.Random, data: bytes, hot: int) -> bytes:
 
 
 def _run(cases: int, make: Callable[[int], bytes], parse: Callable[[bytes], object],
-         check: Callable[[object, bytes], None]) -> Counter[str]:
+         check: Callable[[object, bytes], None], peak_bytes: int = 0) -> Counter[str]:
+    """``peak_bytes``: when set, every case's peak of Python (and numpy) allocations is traced and bounded by it, and
+    the process's peak RSS may not grow by more than 4 x it over the run (a parser that sizes an allocation by a
+    claim in the file, or leaks per case, fails here)."""
     stats: Counter[str] = Counter()
-    slowest = 0.0
-    for i in range(cases):
-        data = make(i)
-        t0 = time.perf_counter()
-        try:
-            parsed = parse(data)
-        except FormatError as exc:
-            assert exc.path is not None, exc
-            stats["rejected"] += 1
-        else:
-            check(parsed, data)
-            stats["accepted"] += 1
-        slowest = max(slowest, time.perf_counter() - t0)
+    slowest, peak = 0.0, 0
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if peak_bytes:
+        tracemalloc.start()
+    try:
+        for i in range(cases):
+            data = make(i)
+            if peak_bytes:
+                tracemalloc.reset_peak()
+                base = tracemalloc.get_traced_memory()[0]
+            t0 = time.perf_counter()
+            try:
+                parsed = parse(data)
+            except FormatError as exc:
+                assert exc.path is not None, exc
+                stats["rejected"] += 1
+            else:
+                check(parsed, data)
+                stats["accepted"] += 1
+            slowest = max(slowest, time.perf_counter() - t0)
+            if peak_bytes:
+                peak = max(peak, tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        if peak_bytes:
+            tracemalloc.stop()
     assert slowest < SLOW_CASE_S, f"slowest case took {slowest:.3f} s"
     stats["slowest_us"] = int(slowest * 1e6)
+    if peak_bytes:
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
+        assert peak <= peak_bytes, f"a case allocated {peak} bytes at its peak (bound {peak_bytes})"
+        assert grown <= 4 * peak_bytes, f"peak RSS grew by {grown} bytes over the run"
+        stats["peak_alloc_kib"] = peak // 1024
     return stats
 
 
@@ -260,13 +284,14 @@ def test_torch_checkpoint_fuzz(tmp_path: Path) -> None:
             assert t.offset >= 0 and t.end <= len(data) and t.nbytes == tensor_nbytes(t.dtype, t.shape)
 
     for name, base, hot in (("zip", zipped, len(zipped)), ("legacy", legacy, len(legacy))):
-        stats = _run(CASES, lambda i, b=base, h=hot: _mutate_bytes(rng, b, h), parse_file_bytes, inside)
+        stats = _run(CASES, lambda i, b=base, h=hot: _mutate_bytes(rng, b, h), parse_file_bytes, inside, PEAK_BYTES)
         print(f"\ntorch {name} fuzz: {CASES} cases, {dict(stats)}")
         assert stats["rejected"] > CASES // 4
 
     def parse_pickle(data: bytes) -> object:
         return load(data, "fuzz.pkl", 0, lambda pid, at: pid)
 
-    stats = _run(CASES, lambda i: _mutate_bytes(rng, pkl, len(pkl)), parse_pickle, lambda parsed, data: None)
+    stats = _run(CASES, lambda i: _mutate_bytes(rng, pkl, len(pkl)), parse_pickle, lambda parsed, data: None,
+                 PEAK_BYTES)
     print(f"torch pickle fuzz: {CASES} cases, {dict(stats)}")
     assert stats["rejected"] > CASES // 4

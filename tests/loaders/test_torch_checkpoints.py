@@ -281,6 +281,19 @@ def test_archive_tricks_are_refused(tmp_path: Path) -> None:
     _archive(swapped, {n: b"big" if n.endswith("byteorder") else d for n, d in members.items()})
     with pytest.raises(FormatError, match="byteorder is b'big'"):
         open_torch(swapped)
+    # a central directory whose compressed size lies (zipfile sizes its read by it: found by the fuzz, a 1 GiB read)
+    for member in ("byteorder", "data.pkl"):
+        lying = tmp_path / f"lying_{member}.bin"
+        raw = bytearray(good.read_bytes())
+        with zipfile.ZipFile(good) as z:
+            name = next(n for n in z.namelist() if n.endswith(member))
+        central = raw.index(b"PK\x01\x02")  # the central directory's entries, until the member's
+        while not raw[central + 46:].startswith(name.encode()):
+            central = raw.index(b"PK\x01\x02", central + 4)
+        raw[central + 20:central + 24] = struct.pack("<I", 1 << 30)  # compressed size
+        lying.write_bytes(bytes(raw))
+        with pytest.raises(FormatError, match=rf"{member.replace('.', '[.]')} is \d+ bytes, stored in 1073741824"):
+            open_torch(lying)
     legacy = tmp_path / "legacy.bin"
     torch.save({"w": torch.zeros(4)}, legacy, _use_new_zipfile_serialization=False)
     raw = bytearray(legacy.read_bytes())

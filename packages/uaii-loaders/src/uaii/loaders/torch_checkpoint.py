@@ -122,6 +122,21 @@ def _pid_parts(pid: Any, path: str, at: int) -> tuple[str, str, int, Any]:
     return tag.name, key, numel, pid[5] if len(pid) == 6 else None
 
 
+def _read_small(zf: zipfile.ZipFile, info: zipfile.ZipInfo, what: str, limit: int, p: str) -> bytes:
+    """A member read whole (CRC checked) only when it is stored uncompressed and both its sizes are at most
+    ``limit``: zipfile sizes its reads by the directory's compressed size, so a lying one would allocate that much
+    (a fuzzed archive made one read ask for 1 GiB). Nothing is decompressed: no zip bomb, no codec's errors."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        _fail(f"{what} is compressed; torch.save stores every member uncompressed", p, info.header_offset)
+    if info.file_size > limit or info.compress_size != info.file_size:
+        _fail(f"{what} is {info.file_size} bytes, stored in {info.compress_size} (limit {limit}, stored as is)", p,
+              info.header_offset)
+    try:
+        return zf.read(info)
+    except _ZIP_ERRORS as exc:
+        _fail(f"cannot read {what}: {exc}", p, info.header_offset)
+
+
 def _open_zip(p: str, size: int) -> Any:
     try:
         zf = zipfile.ZipFile(p)
@@ -139,22 +154,11 @@ def _open_zip(p: str, size: int) -> Any:
         prefix = pkls[0][:-len("data.pkl")]
         if len(names) != len(set(names)):
             _fail("the archive names a member twice", p)
-        info = zf.getinfo(pkls[0])
-        if info.compress_type != zipfile.ZIP_STORED:  # nothing is decompressed: no zip bomb, no codec's errors
-            _fail("data.pkl is compressed; torch.save stores every member uncompressed", p, info.header_offset)
-        if info.file_size > MAX_PICKLE_BYTES:
-            _fail(f"data.pkl is {info.file_size} bytes (limit {MAX_PICKLE_BYTES})", p, info.header_offset)
-        try:
-            raw = zf.read(info)
-        except _ZIP_ERRORS as exc:
-            _fail(f"cannot read data.pkl: {exc}", p, info.header_offset)
+        raw = _read_small(zf, zf.getinfo(pkls[0]), "data.pkl", MAX_PICKLE_BYTES, p)
         members = {n: zf.getinfo(n) for n in names}
         order = members.get(f"{prefix}byteorder")
         if order is not None:  # absent in archives of torch < 1.10, which wrote little-endian only
-            try:
-                value = zf.read(order)[:16] if order.file_size <= 16 else b"?"
-            except _ZIP_ERRORS as exc:
-                _fail(f"cannot read byteorder: {exc}", p, order.header_offset)
+            value = _read_small(zf, order, "byteorder", 16, p)
             if value != b"little":
                 _fail(f"the archive's byteorder is {value!r}; only little-endian checkpoints are read (the tensors "
                       "would be byte-swapped)", p, order.header_offset)
