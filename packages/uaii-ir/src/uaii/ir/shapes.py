@@ -64,6 +64,18 @@ def unify(a: Dim, b: Dim, what: str = "dimensions") -> Dim:
     return a if isinstance(a, int) else b
 
 
+def shapes_unify(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    """Whether two shapes can be the same: one rank, and every pair of dims unifies (a symbol matches anything)."""
+    try:
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b, strict=True):
+            unify(x, y)
+    except ShapeError:
+        return False
+    return True
+
+
 def _expr(op: str, a: Dim, b: Dim, commutative: bool) -> str:
     """``a_op_b`` as an identifier: commutative operands sorted symbols first, a leading digit escaped."""
     x, y = a, b

@@ -25,16 +25,11 @@ from uaii.ir.ops.schema import (
     int_attr,
     str_attr,
 )
-from uaii.ir.shapes import Shape, ShapeError, fmt_shape, unify
+from uaii.ir.shapes import Shape, fmt_shape, shapes_unify
 
 
 def _same(ctx: InferCtx, a: Shape, b: Shape, what: str) -> None:
-    try:
-        if len(a) != len(b):
-            raise ShapeError("rank")
-        for x, y in zip(a, b, strict=True):
-            unify(x, y)
-    except ShapeError:
+    if not shapes_unify(a, b):
         ctx.fail(f"{what}: {fmt_shape(a)} vs {fmt_shape(b)}")
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from uaii.ir.dtype import FLOAT_TYPES
 from uaii.ir.ops.opset import Op
 from uaii.ir.ops.schema import Cost, InferCtx, OpKind, OpSchema, Param, bool_attr, float_attr, int_attr
-from uaii.ir.shapes import Shape, ShapeError, fmt_shape, unify
+from uaii.ir.shapes import Shape, fmt_shape, shapes_unify
 
 
 def softmax_shape(ctx: InferCtx) -> Sequence[Shape | None]:
@@ -27,12 +27,7 @@ SOFTMAX = OpSchema(
 def _param_shape(ctx: InferCtx, i: int, want: Shape, what: str) -> None:
     """Input ``i`` (a norm weight or bias) must have shape ``want``."""
     got = ctx.shape(i)
-    try:
-        if len(got) != len(want):
-            raise ShapeError("rank")
-        for g, w in zip(got, want, strict=True):
-            unify(g, w)
-    except ShapeError:
+    if not shapes_unify(got, want):
         ctx.fail(f"{what} has shape {fmt_shape(got)}; expected {fmt_shape(want)} (the normalized dims of X)")
 
 

@@ -188,15 +188,8 @@ def quantized_experts_shape(ctx: InferCtx) -> Sequence[Shape | None]:
                  "attr-range")
     x = ctx.rank(0, 1)
     d = x[-1]
-    want = (*x[:-1], k)
-    for i, what in ((1, "weights"), (2, "indices")):
-        try:
-            if len(ctx.shape(i)) != len(want):
-                raise ShapeError("rank")
-            for p, q in zip(ctx.shape(i), want, strict=True):
-                unify(p, q)
-        except ShapeError:
-            ctx.fail(f"router {what} {fmt_shape(ctx.shape(i))} must be {fmt_shape(want)}")
+    for i, what in ((1, "router weights"), (2, "router indices")):
+        ctx.expect(i, (*x[:-1], k), what)
     gate = ctx.rank(BANK_SLOTS["gate"][0], 3, 3)
     d_ff = gate[1]
     if not isinstance(d, int) or not isinstance(d_ff, int):

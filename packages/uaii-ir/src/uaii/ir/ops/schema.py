@@ -22,7 +22,7 @@ from uaii.ir.dtype import FLOAT_TYPES, INTEGER_TYPES, QUANTIZED_TYPES, Dim, DTyp
 from uaii.ir.errors import UaiiError
 from uaii.ir.graph import Attribute, AttrType, AttrValue, Node
 from uaii.ir.ops.access import AccessIf, AccessRule, WeightAccess, WeightInput
-from uaii.ir.shapes import Shape, ShapeError, fmt_shape, normalize_axis, unify
+from uaii.ir.shapes import Shape, ShapeError, fmt_shape, normalize_axis, shapes_unify
 
 FLOATS = frozenset({DType.F32, DType.F16, DType.BF16})
 """Activation types of the compute ops."""
@@ -452,12 +452,7 @@ class InferCtx:
     def expect(self, i: int, want: Sequence[Dim], what: str) -> None:
         """Fail unless input ``i`` has exactly the shape ``want`` (symbolic dims unify), naming it ``what``."""
         got = self.shape(i)
-        try:
-            if len(got) != len(want):
-                raise ShapeError("rank")
-            for x, y in zip(got, want, strict=True):
-                unify(x, y)
-        except ShapeError:
+        if not shapes_unify(got, want):
             self.fail(f"{what} must have shape {fmt_shape(want)}, found {fmt_shape(got)}")
 
     def fresh(self, hint: str = "d") -> str:
