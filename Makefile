@@ -100,8 +100,8 @@ wheels: $(UV_DEP) ## a wheel and an sdist of every distribution into dist/, each
 bench-kernels: setup ## GEMV/GEMM throughput per weight type against numpy and the memory bandwidth
 	$(PY) bench/bench_kernels.py
 
-bench-generate: setup ## prefill/decode tok/s and RSS on SmolLM2 and Gemma-3 vs transformers and llama.cpp figures
-	$(PY) bench/bench_generate.py
+bench-generate: setup ## prefill/decode tok/s and RSS on SmolLM2 and Gemma-3 vs llama.cpp measured live (built once into .venv-llama-cpp) and transformers (GENERATE_ARGS=--quick)
+	$(PY) bench/bench_generate.py $(GENERATE_ARGS)
 
 bench-storage: setup ## budgets 100-10 %, synthetic 4 GB llama/MoE, KV window: tok/s, RSS, bytes/token, then bench-kv (STORAGE_ARGS=--quick)
 	$(PY) bench/bench_storage.py $(STORAGE_ARGS)

@@ -1,27 +1,28 @@
-"""Generation benchmark: `uaii bench` on the real models against transformers (and llama-cpp-python if installed).
+"""Generation benchmark: `uaii bench` on the real models against llama.cpp, measured side by side in this run, and
+transformers.
 
-For SmolLM2-135M (Q4_1) and Gemma-3-270M (Q4_K_M), fetched into the model cache by scripts/models.py:
+For SmolLM2-135M (Q4_1) and Gemma-3-270M (Q4_K_M), fetched into the model cache by scripts/models.py, in each setting
+(a ~512-token prompt + 128 greedy tokens at 2 threads; the same at 1 thread; a 4,096-token prompt, i.e. decode at 4k
+of context):
 
-* uaii: ``uaii bench MODEL --json`` (its own process): prefill of a ~512-token prompt built from a fixed text,
-  greedy decode of 128 tokens, peak RSS, load time;
-* transformers on CPU, in the same run and its own process: the GGUF loaded with ``gguf_file=`` (dequantized to
-  f32), ``torch.set_num_threads(2)``, prefill of the same token ids and greedy decode of 128 tokens with its KV
-  cache (EOS ignored);
-* llama-cpp-python, when importable (not in the default install), the same way;
-* llama.cpp figures recorded on this machine (not measured by this run; labelled "recorded"):
-  SmolLM2 Q4_1 prefill 410 tok/s, decode 142 tok/s, RSS 227 MiB; Gemma-3 Q4_K_M prefill 992, decode 92, 405 MiB.
+* uaii: ``uaii bench MODEL --json`` (its own process; f16 KV cache, no window): prefill tok/s of the prompt, greedy
+  decode tok/s, peak RSS, load time;
+* llama.cpp through llama-cpp-python, built from its sdist into a benchmark-only environment (bench/llama_cpp_env.py:
+  the native build, or one with the ISA spelled out where the native one crashes), the same prompt ids, threads,
+  context and KV type (f16) — runs alternate with uaii's and each figure is the median of ``--repeat`` runs;
+* transformers on CPU (the GGUF dequantized to f32, ``torch.set_num_threads``), once per model, first setting only.
 
-The table gives every engine's figures and uaii's ratio to them (> 1: uaii is faster / for RSS, uses more).
+The table gives every engine's figures and uaii's ratio to them (> 1: uaii is faster / for RSS, uses more). No
+figure is recorded from another run or machine.
 
-    uv run --no-sync python bench/bench_generate.py            # both models, 512 + 128 tokens, 2 threads
-    uv run --no-sync python bench/bench_generate.py --quick    # 128 + 32 tokens
-    uv run --no-sync python bench/bench_generate.py --models smollm2 --no-transformers --json out.json
+    uv run --no-sync python bench/bench_generate.py                  # both models, every setting, 3 runs each
+    uv run --no-sync python bench/bench_generate.py --quick          # 128 + 32 tokens, 2 threads, 1 run
+    uv run --no-sync python bench/bench_generate.py --models smollm2 --settings 2t --no-transformers --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -36,13 +37,10 @@ from bench_models import model_path
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 
-# llama.cpp on this machine (2 threads), recorded once: prefill tok/s, decode tok/s, peak RSS bytes.
-RECORDED = {
-    "smollm2": {"label": "SmolLM2-135M Q4_1", "prefill_tok_s": 410.0, "decode_tok_s": 142.0,
-                "peak_rss_bytes": 227 * MiB},
-    "gemma3": {"label": "Gemma-3-270M Q4_K_M", "prefill_tok_s": 992.0, "decode_tok_s": 92.0,
-               "peak_rss_bytes": 405 * MiB},
-}
+MODELS = {"smollm2": "SmolLM2-135M Q4_1", "gemma3": "Gemma-3-270M Q4_K_M"}
+SETTINGS = {"2t": (512, 128, 2), "1t": (512, 128, 1), "4k": (4096, 128, 2)}
+"""name -> (prompt tokens, generated tokens, threads)."""
+METRICS = ("load_s", "prefill_tok_s", "decode_tok_s", "peak_rss_bytes")
 
 
 def prompt_ids(path: Path, n_tokens: int) -> list[int]:
@@ -65,21 +63,48 @@ def _run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------- engines
-def run_uaii(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "uaii.runtime.cli", "bench", str(path), "--json", "--threads", str(args.threads),
-           "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
-    return _run_json(cmd, args.timeout)
+def run_uaii(path: Path, prompt: int, gen: int, threads: int, timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "uaii.runtime.cli", "bench", str(path), "--json", "--threads", str(threads),
+           "--prompt-tokens", str(prompt), "--gen-tokens", str(gen), "--kv-dtype", "f16", "--kv-window", "0"]
+    return _run_json(cmd, timeout)
 
 
-def run_worker(engine: str, path: Path, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+def _with_ids(ids: list[int], run: Any) -> dict[str, Any]:
     ids_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"uaii-bench-ids-{os.getpid()}.json"
     ids_file.write_text(json.dumps(ids))
     try:
-        cmd = [sys.executable, __file__, "--worker", engine, "--model", str(path), "--ids-file", str(ids_file),
-               "--gen-tokens", str(args.gen_tokens), "--threads", str(args.threads)]
-        return _run_json(cmd, args.timeout)
+        return dict(run(ids_file))
     finally:
         ids_file.unlink(missing_ok=True)
+
+
+def run_transformers(path: Path, ids: list[int], gen: int, threads: int, timeout: float) -> dict[str, Any]:
+    return _with_ids(ids, lambda f: _run_json(
+        [sys.executable, __file__, "--worker", "transformers", "--model", str(path), "--ids-file", str(f),
+         "--gen-tokens", str(gen), "--threads", str(threads)], timeout))
+
+
+def run_llama_cpp(python: Path, path: Path, ids: list[int], gen: int, threads: int,
+                  timeout: float) -> dict[str, Any]:
+    from llama_cpp_env import WORKER
+
+    return _with_ids(ids, lambda f: _run_json(
+        [str(python), str(WORKER), str(path), str(f), "--gen-tokens", str(gen), "--threads", str(threads)], timeout))
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each metric over the runs that succeeded; the first error when none did."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    out = {k: v for k, v in ok[0].items() if k not in METRICS}
+    for k in METRICS:
+        vals = sorted(float(r[k]) for r in ok if r.get(k) is not None)
+        if vals:
+            mid = len(vals) // 2
+            out[k] = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+    out["runs"] = len(ok)
+    return out
 
 
 def _peak_rss() -> int:
@@ -113,28 +138,7 @@ def worker_transformers(path: Path, ids: list[int], gen_tokens: int, threads: in
             "peak_rss_bytes": _peak_rss(), "version": __import__("transformers").__version__}
 
 
-def worker_llama_cpp(path: Path, ids: list[int], gen_tokens: int, threads: int) -> dict[str, Any]:
-    import llama_cpp
-
-    t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_batch=len(ids),
-                          n_ctx=len(ids) + gen_tokens + 16, verbose=False)
-    load_s = time.perf_counter() - t0
-    llm.eval(ids[:8])  # warm-up
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    prefill_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(gen_tokens):
-        token = llm.sample(temp=0.0)
-        llm.eval([token])
-    decode_s = time.perf_counter() - t0
-    return {"load_s": load_s, "prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": gen_tokens / decode_s,
-            "peak_rss_bytes": _peak_rss(), "version": llama_cpp.__version__}
-
-
-WORKERS = {"transformers": worker_transformers, "llama-cpp-python": worker_llama_cpp}
+WORKERS = {"transformers": worker_transformers}
 
 
 # ----------------------------------------------------------------------------------------------------- table
@@ -150,75 +154,95 @@ def render(rows: list[dict[str, Any]]) -> None:
 
     t = Table(title="generation: uaii vs references (ratios are uaii / engine; > 1 = uaii faster, for RSS larger)",
               title_justify="left")
-    for col in ("model", "engine", "load", "prefill tok/s", "decode tok/s", "peak RSS", "prefill ratio",
+    for col in ("model", "setting", "engine", "load", "prefill tok/s", "decode tok/s", "peak RSS", "prefill ratio",
                 "decode ratio", "RSS ratio"):
-        t.add_column(col, justify="left" if col in ("model", "engine") else "right", no_wrap=True)
+        t.add_column(col, justify="left" if col in ("model", "setting", "engine") else "right", no_wrap=True)
     for r in rows:
         if "error" in r:
-            t.add_row(r["model"], r["engine"], "", f"[red]failed: {r['error']}[/red]", "", "", "", "", "")
+            t.add_row(r["model"], r["setting"], r["engine"], "", f"[red]failed: {r['error']}[/red]", "", "", "", "",
+                      "")
             continue
         ours = r["ours"]
         is_ours = r["engine"] == "uaii"
-        t.add_row(r["model"], r["engine"], f"{r['load_s']:.2f} s" if r.get("load_s") else "-",
+        t.add_row(r["model"], r["setting"], r["engine"], f"{r['load_s']:.2f} s" if r.get("load_s") else "-",
                   f"{r['prefill_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}", f"{r['peak_rss_bytes'] / MiB:.0f} MiB",
                   *(("",) * 3 if is_ours else (ratio(ours.get("prefill_tok_s"), r["prefill_tok_s"]),
                                                ratio(ours.get("decode_tok_s"), r["decode_tok_s"]),
                                                ratio(ours.get("peak_rss_bytes"), r["peak_rss_bytes"]))))
-    Console(width=max(150, int(os.environ.get("COLUMNS", "0") or 0))).print(t)
+    Console(width=max(160, int(os.environ.get("COLUMNS", "0") or 0))).print(t)
 
 
-def bench_model(key: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def bench_model(key: str, args: argparse.Namespace, llama: Path | None) -> list[dict[str, Any]]:
     path = model_path(key)
-    label = RECORDED[key]["label"]
-    print(f"[bench] {label}: uaii ...", file=sys.stderr, flush=True)
-    ours = run_uaii(path, args)
-    rows = [{**ours, "model": label, "engine": "uaii", "ours": ours}]
-    if "error" not in ours and ours.get("stopped_early"):
-        print(f"[bench] note: uaii stopped after {ours['new_tokens']} tokens ({ours['finish_reason']})",
-              file=sys.stderr)
-    ids = prompt_ids(path, args.prompt_tokens)
-    engines = [] if args.no_transformers else ["transformers"]
-    if importlib.util.find_spec("llama_cpp") is not None:
-        engines.append("llama-cpp-python")
-    for engine in engines:
-        print(f"[bench] {label}: {engine} ...", file=sys.stderr, flush=True)
-        res = run_worker(engine, path, ids, args)
-        rows.append({**res, "model": label, "engine": engine, "ours": ours})
-    rec = RECORDED[key]
-    rows.append({"model": label, "engine": "llama.cpp (recorded)", "ours": ours, "load_s": None,
-                 **{k: rec[k] for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")}})
+    label, rows = MODELS[key], []
+    for n, setting in enumerate(args.settings):
+        prompt, gen, threads = SETTINGS[setting]
+        if args.quick:
+            prompt, gen = 128, 32
+        desc = f"{prompt}+{gen}, {threads} thr"
+        ids = prompt_ids(path, prompt)
+        ours_runs: list[dict[str, Any]] = []
+        theirs_runs: list[dict[str, Any]] = []
+        for i in range(args.repeat):  # alternating, so a busy moment costs both engines alike
+            print(f"[bench] {label} {desc}: run {i + 1}/{args.repeat} uaii"
+                  + (" + llama.cpp" if llama else ""), file=sys.stderr, flush=True)
+            ours_runs.append(run_uaii(path, prompt, gen, threads, args.timeout))
+            if llama is not None:
+                theirs_runs.append(run_llama_cpp(llama, path, ids, gen, threads, args.timeout))
+        ours = median_of(ours_runs)
+        rows.append({**ours, "model": label, "setting": desc, "engine": "uaii", "ours": ours})
+        if "error" not in ours and ours.get("stopped_early"):
+            print(f"[bench] note: uaii stopped after {ours['new_tokens']} tokens ({ours['finish_reason']})",
+                  file=sys.stderr)
+        if llama is not None:
+            rows.append({**median_of(theirs_runs), "model": label, "setting": desc, "engine": "llama.cpp",
+                         "ours": ours})
+        if n == 0 and not args.no_transformers:
+            print(f"[bench] {label} {desc}: transformers ...", file=sys.stderr, flush=True)
+            res = run_transformers(path, ids, gen, threads, args.timeout)
+            rows.append({**res, "model": label, "setting": desc, "engine": "transformers", "ours": ours})
     return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="128-token prompt, 32 generated tokens")
+    ap.add_argument("--quick", action="store_true", help="128-token prompt, 32 generated tokens, 2 threads, 1 run")
     ap.add_argument("--models", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
-    ap.add_argument("--prompt-tokens", type=int, default=None)
-    ap.add_argument("--gen-tokens", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=2)
+    known = ", ".join(f"{k} ({p}+{g} tokens, {t} threads)" for k, (p, g, t) in SETTINGS.items())
+    ap.add_argument("--settings", default=None, help=f"comma-separated: {known} (default: all; --quick: 2t)")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per engine and setting, alternating (3)")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (and its build)")
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers reference")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine and model")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine run")
     ap.add_argument("--json", metavar="FILE", help="also write every row as JSON")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--ids-file", help=argparse.SUPPRESS)
+    ap.add_argument("--gen-tokens", type=int, default=128, help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.prompt_tokens = args.prompt_tokens or (128 if args.quick else 512)
-    args.gen_tokens = args.gen_tokens or (32 if args.quick else 128)
     if args.worker:
         ids = json.loads(Path(args.ids_file).read_text())
         print(json.dumps(WORKERS[args.worker](Path(args.model), ids, args.gen_tokens, args.threads)))
         return 0
+    args.settings = [s.strip() for s in (args.settings or ("2t" if args.quick else ",".join(SETTINGS))).split(",")]
+    args.repeat = args.repeat or (1 if args.quick else 3)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in RECORDED]
+    unknown = [k for k in keys if k not in MODELS] + [s for s in args.settings if s not in SETTINGS]
     if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(RECORDED)}")
-    rows = [row for key in keys for row in bench_model(key, args)]
+        ap.error(f"unknown model(s) or setting(s) {', '.join(unknown)}; models: {', '.join(MODELS)}; settings: "
+                 f"{', '.join(SETTINGS)}")
+    llama: Path | None = None
+    llama_note = "llama.cpp skipped (--no-llama-cpp)"
+    if not args.no_llama_cpp:
+        from llama_cpp_env import ensure
+
+        llama, flavor = ensure(model_path(keys[0]))
+        llama_note = f"llama.cpp: llama-cpp-python, {flavor} build" if llama else f"llama.cpp: {flavor}"
+    rows = [row for key in keys for row in bench_model(key, args, llama)]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"prompt {args.prompt_tokens} tokens, decode {args.gen_tokens} tokens greedy, {args.threads} threads, "
-          f"{os.cpu_count()} CPUs, load average {load} (a busy machine slows every engine, transformers most); "
-          "llama.cpp rows are figures recorded on this machine, not measured now")
+    print(f"{os.cpu_count()} CPUs, load average {load} (a busy machine slows every engine, transformers most); "
+          f"medians of {args.repeat} alternating runs; {llama_note}")
     render(rows)
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "ours"} for r in rows], indent=2))
