@@ -59,8 +59,7 @@ class HFDirectory:
     def mlx(self) -> bool:
         """Written by MLX (mlx-lm): safetensors metadata ``format: mlx``, or MLX's quantization in config.json. Its
         linear weights are all [out, in] (mlx-lm stores GPT-2's Conv1D weights transposed back)."""
-        meta = getattr(self.weights, "metadata", {})
-        return self.quantization is not None or meta.get("format") == "mlx"
+        return self.quantization is not None or self.weights.metadata.get("format") == "mlx"
 
 
 def read_json(path: Path, component: str = "hf", limit: int = MAX_HEADER_BYTES) -> Any:
@@ -109,25 +108,20 @@ def _weights(path: Path) -> SafetensorsModel | TorchCheckpoint:
                       f"{TORCH_INDEX})")
 
 
-# tensor-name suffixes that only quantized checkpoints carry -> the scheme they belong to
-_QUANT_SUFFIXES = {".scales": "MLX", ".biases": "MLX", ".qweight": "GPTQ/AWQ", ".qzeros": "GPTQ/AWQ",
+# tensor-name suffixes that only checkpoints quantized by a scheme UAII does not read carry -> the scheme (MLX's
+# .scales / .biases are read: uaii.loaders.mlx, WeightSet.from_hf)
+_QUANT_SUFFIXES = {".qweight": "GPTQ/AWQ", ".qzeros": "GPTQ/AWQ",
                    ".g_idx": "GPTQ", ".weight_scale": "FP8 / compressed-tensors",
                    ".weight_scale_inv": "FP8 (block-scaled)", ".SCB": "bitsandbytes", ".absmax": "bitsandbytes"}
 
 
-def _refuse_quantized(path: Path, config: dict[str, Any], weights: SafetensorsModel | TorchCheckpoint,
-                      mlx: MlxQuantization | None) -> None:
+def _refuse_quantized(path: Path, config: dict[str, Any], weights: SafetensorsModel | TorchCheckpoint) -> None:
     """A checkpoint quantized by a scheme UAII does not read yet is named as such, instead of failing later on
-    tensors "with no place in the model" (GPTQ's .qweight, FP8's .weight_scale...). MLX's .scales/.biases are read
-    when config.json says how they are packed (``mlx``: its quantization); without it they are refused here."""
+    tensors "with no place in the model" (GPTQ's .qweight, FP8's .weight_scale...)."""
     hits = {name: scheme for name in weights.tensors for suffix, scheme in _QUANT_SUFFIXES.items()
-            if name.endswith(suffix) and not (scheme == "MLX" and mlx is not None)}
+            if name.endswith(suffix)}
     if not hits:
         return
-    if set(hits.values()) == {"MLX"}:
-        raise LoaderError(f"{path}: tensor {min(hits)!r} is an MLX quantization parameter, but config.json has no "
-                          "\"quantization\" (mlx-lm writes group_size, bits and mode there) to say how the weights "
-                          "are packed")
     quant = config.get("quantization") or config.get("quantization_config")
     parts = [f"{k} {quant[k]}" for k in ("quant_method", "bits", "group_size", "mode") if k in quant] \
         if isinstance(quant, dict) else []
@@ -179,7 +173,7 @@ def open_hf_directory(path: str | os.PathLike[str]) -> HFDirectory:
     mlx = MlxQuantization.from_config(config, str(cfg_path))
     if mlx is not None:
         refuse_unsupported(config, weights.tensors, str(cfg_path))
-    _refuse_quantized(p, config, weights, mlx)
+    _refuse_quantized(p, config, weights)
     files = {role: p / name for name, role in TOKENIZER_FILES.items() if (p / name).is_file()}
     gen = read_json(files["generation_config"], limit=MAX_CONFIG_BYTES) if "generation_config" in files else {}
     return HFDirectory(p, config, weights, files, _chat_template(files),

@@ -46,12 +46,15 @@ class QuantParams:
 
 @dataclass(frozen=True)
 class MlxQuant:
-    """A quantized weight's layout and its companion tensors (canonical names)."""
+    """A quantized weight's layout. Its companions are the module's other tensors: ``.scales`` and, when
+    :attr:`has_biases`, ``.biases`` beside its ``.weight``."""
 
     params: QuantParams
     cols: int  # values per row (the module's input features)
-    scales: str
-    biases: str | None
+
+    @property
+    def has_biases(self) -> bool:
+        return QUANT_MODES[self.params.mode].has_biases
 
 
 def _params(entry: Any, where: str, key: str) -> QuantParams:
@@ -148,7 +151,7 @@ class MlxQuantization:
             raise LoaderError(f"{self.where}: module {path!r} ({p.mode}, {p.bits} bits, groups of {p.group_size}) "
                               f"does not fit its tensors (weight {weight.dtype.value} {list(weight.shape)}, scales "
                               f"{scales.dtype.value} {list(scales.shape)}): {problem}")
-        return MlxQuant(p, cols, "", None)
+        return MlxQuant(p, cols)
 
 
 def refuse_unsupported(config: Mapping[str, Any], tensor_names: Iterable[str], where: str) -> None:

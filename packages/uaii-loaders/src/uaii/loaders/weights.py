@@ -97,30 +97,22 @@ class WeightSet:
         return ws
 
     def _attach_quantization(self, quantization: MlxQuantization | None) -> None:
-        """Pair every MLX ``.scales`` (and ``.biases``) with its module's ``.weight``."""
-        companions = [name for name in self.weights if name.endswith(SUFFIXES)]
-        if companions and quantization is None:
-            w = self.weights[companions[0]]
-            raise LoaderError(f"{self.where}: tensor {w.info.name!r} is an MLX quantization parameter, but "
-                              "config.json has no \"quantization\" to say how its module is packed")
-        for name in companions:
-            stem = name.rsplit(".", 1)[0]
-            if f"{stem}.weight" not in self.weights:
-                raise LoaderError(f"{self.where}: tensor {self.weights[name].info.name!r} has no "
-                                  f"{module_path(self.weights[name].info.name)}.weight beside it")
-        for name in companions:
-            if not name.endswith(".scales"):
-                if f"{name.rsplit('.', 1)[0]}.scales" not in self.weights:
-                    raise LoaderError(f"{self.where}: tensor {self.weights[name].info.name!r} has no scales beside "
-                                      "it")
-                continue
-            assert quantization is not None
-            stem = name[: -len(".scales")]
-            w, scales, biases = self.weights[f"{stem}.weight"], self.weights[name], self.weights.get(f"{stem}.biases")
+        """Pair every MLX ``.scales`` (and ``.biases``) with its module's ``.weight``: one check of the pairs, then
+        the module's layout from config.json and the three tensors (:meth:`MlxQuantization.for_module`)."""
+        stems = sorted({name.rsplit(".", 1)[0] for name in self.weights if name.endswith(SUFFIXES)})
+        for stem in stems:
+            w, scales, biases = (self.weights.get(f"{stem}.{part}") for part in ("weight", "scales", "biases"))
+            found = min(x.info.name for x in (scales, biases) if x is not None)
+            if quantization is None:
+                raise LoaderError(f"{self.where}: tensor {found!r} is an MLX quantization parameter, but config.json "
+                                  "has no \"quantization\" (mlx-lm writes group_size, bits and mode there) to say how "
+                                  "the weights are packed")
+            if w is None or scales is None:
+                raise LoaderError(f"{self.where}: tensor {found!r} has no {'weight' if w is None else 'scales'} "
+                                  f"beside it ({module_path(found)}.{'weight' if w is None else 'scales'})")
             q = quantization.for_module(module_path(w.info.name), w.info, scales.info,
                                         None if biases is None else biases.info)
-            self.weights[w.name] = replace(w, quant=replace(q, scales=scales.name,
-                                                            biases=None if biases is None else biases.name))
+            self.weights[w.name] = replace(w, quant=q)
 
     # --- lookups --------------------------------------------------------------------------------------------
     def get(self, name: str) -> Weight | None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from uaii.backends.base import BackendError
-from uaii.backends.cpu.bind import Bind, Step, fptr, lib, numpy_step, status_fail, vptr
+from uaii.backends.cpu.bind import Bind, Step, fptr, lib, numpy_step, status_fail
 from uaii.backends.cpu.memory import NodeInfo
 from uaii.backends.cpu.ops_packed import packed_product
 from uaii.ir.ops.quantized import BANK_SLOTS
@@ -78,7 +78,7 @@ def quantized_embedding(b: Bind, info: NodeInfo) -> list[Step]:
 
 def dequantize_row(pw: PackedWeight, out: np.ndarray) -> int:
     """Row 0 of ``pw`` (a one-row weight over a table row's bytes) into ``out``: the streaming row path's writer."""
-    return int(lib.uk_mlx_dequantize(*mlx_call(pw), 0, 1, vptr(out, "float *")))
+    return int(lib.uk_mlx_dequantize(*mlx_call(pw), 0, 1, fptr(out)))
 
 
 # --- expert banks (QuantizedMoEExperts) -------------------------------------------------------------------------

@@ -62,9 +62,9 @@ ROW_OPS = {"Embedding": False, "Gather": True, "QuantizedEmbedding": False}
 """The ops whose table reads (``WeightAccess.ROWS``) the row path computes → whether a negative index counts from
 the end (Gather) or is an error (token ids)."""
 PACKED_ROW_OPS = frozenset({"QuantizedEmbedding"})
+"""Row ops whose table is several tensors read by rows (an MLX-quantized table: packed values, scales, biases)."""
 PACKED_EXPERT_OPS = frozenset({"QuantizedMoEExperts"})
 """MoE ops whose banks are several tensors each (MLX-quantized: packed values, scales, biases), all read by expert."""
-"""Row ops whose table is several tensors read by rows (an MLX-quantized table: packed values, scales, biases)."""
 CHUNK_OPS = {"MatMul": False, "MatMulRelu": True}
 """The ops whose weight reads by output rows (``WeightAccess.ROW_CHUNKS``) the chunk path computes → relu after."""
 

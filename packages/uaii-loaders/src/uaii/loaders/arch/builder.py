@@ -123,12 +123,10 @@ class GraphBuilder:
 
     def quantized(self, w: Weight) -> list[str]:
         """An MLX-quantized weight's inputs: packed values, scales and (affine) biases, declared."""
-        q = w.quant
-        assert q is not None
-        ins = [self.weight(w), self.weight(self.ws.need(q.scales))]
-        if q.biases is not None:
-            ins.append(self.weight(self.ws.need(q.biases)))
-        return ins
+        assert w.quant is not None
+        stem = w.name.rsplit(".", 1)[0]
+        parts = ("scales", "biases") if w.quant.has_biases else ("scales",)
+        return [self.weight(w), *(self.weight(self.ws.need(f"{stem}.{part}")) for part in parts)]
 
     def f32(self, name: str) -> str:
         """``name`` as f32: a Cast node for f16/bf16 weights that meet f32 activations in binary ops."""
