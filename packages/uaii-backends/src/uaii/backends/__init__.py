@@ -34,14 +34,15 @@ from uaii.backends.base import (
 from uaii.backends.cpu import CpuBackend, CpuExecutable, KVCacheFull, KVState
 from uaii.backends.gpu import CudaBackend, GpuProbeBackend, MetalBackend, RocmBackend, VulkanBackend
 from uaii.backends.kv_book import KVBatch
+from uaii.backends.profile import FamilyTiming, NodeTiming, StepProfile, merge_profiles
 from uaii.backends.registry import ENTRY_POINT_GROUP, backend_names, get_backend, list_backends, select_device
 from uaii.backends.webgpu import WebGpuBackend
 
 __version__ = _version("uaii-backends")
 __all__ = [
     "ENTRY_POINT_GROUP", "ArrayWeights", "Backend", "BackendBase", "BackendError", "BackendUnavailable",
-    "Capabilities", "CpuBackend", "CpuExecutable", "CudaBackend", "DeviceStatus", "Executable", "GpuProbeBackend",
-    "KVBatch", "KVCacheFull", "KVState", "KVStateLike", "MetalBackend", "RocmBackend", "UnsupportedOpError",
-    "VulkanBackend", "WebGpuBackend", "WeightSource", "__version__", "backend_names", "get_backend", "list_backends",
-    "plan_graph", "select_device", "weight_key",
+    "Capabilities", "CpuBackend", "CpuExecutable", "CudaBackend", "DeviceStatus", "Executable", "FamilyTiming",
+    "GpuProbeBackend", "KVBatch", "KVCacheFull", "KVState", "KVStateLike", "MetalBackend", "NodeTiming", "RocmBackend",
+    "StepProfile", "UnsupportedOpError", "VulkanBackend", "WebGpuBackend", "WeightSource", "__version__",
+    "backend_names", "get_backend", "list_backends", "merge_profiles", "plan_graph", "select_device", "weight_key",
 ]

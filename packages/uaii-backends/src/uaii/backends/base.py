@@ -97,7 +97,8 @@ class Capabilities:
     CPU's ``gemm``). ``arena``: who lays out the activation arena of its executables — the identity of its own rule
     and version (``cpu/1``), which :meth:`Backend.plan_arena` computes and a plan made with it carries;
     ``"planner"`` (:data:`~uaii.ir.plan.PLANNER_ARENA`): it consumes the planner's generic offsets; ``""``: it
-    declares none, and a Session does not plan for it."""
+    declares none, and a Session does not plan for it. ``step_profile``: its executables time their steps on
+    request — ``set_profiling(on)`` and ``take_profile() -> list[StepProfile]`` (:mod:`uaii.backends.profile`)."""
 
     activation_dtypes: frozenset[str] = frozenset()
     weight_dtypes: frozenset[str] = frozenset()
@@ -112,6 +113,7 @@ class Capabilities:
     threads: bool = False
     compile_options: frozenset[str] = frozenset()
     arena: str = ""
+    step_profile: bool = False
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from uaii.runtime.rewrite import last_token_logits
 from uaii.runtime.sequences import SequencesMixin, agree
 
 if TYPE_CHECKING:
+    from uaii.backends import StepProfile
     from uaii.backends.base import Backend, Executable, KVStateLike
 
 log = logging.getLogger("uaii.runtime")
@@ -71,6 +72,7 @@ class Session(SequencesMixin):
         self._device_kw: dict[str, Any] = {}  # W4: the streaming compile options with the device's streamed list
         self._kv: KVStateLike | None = None
         self._full: Executable | None = None  # functional executable for run() on a decoder graph
+        self._profiled: list[Executable] | None = None  # set_profiling(True): the executables timing their steps
         self._init_sequences()  # several sequences and batched decode (uaii.runtime.sequences)
         self._history: list[int] = []  # tokens whose keys and values the cache holds
         # the last prompt's length and the logits its prefill ended with: a repeated prompt reuses them as they
@@ -194,6 +196,9 @@ class Session(SequencesMixin):
         telemetry."""
         exe = exe if exe is not None else self._exe
         assert exe is not None  # the guard lets no pass start on a closed session
+        if self._profiled is not None and exe not in self._profiled:
+            exe.set_profiling(True)  # type: ignore[attr-defined]  # Capabilities.step_profile: set_profiling checked
+            self._profiled.append(exe)
         if not self._stream_kw:
             return exe.run(feeds, state)
         self._store.begin_token()
@@ -201,6 +206,26 @@ class Session(SequencesMixin):
             return exe.run(feeds, state)
         finally:
             self._store.end_token()
+
+    # --- profiling -----------------------------------------------------------------------------------------
+    def set_profiling(self, on: bool = True) -> None:
+        """Time every step of every forward pass from now on (the executables a pass uses start timing at their
+        first pass), or stop. Only on a backend that declares :attr:`~uaii.backends.Capabilities.step_profile`."""
+        backend = self.backend
+        if on and (backend is None or not backend.capabilities.step_profile):
+            name = getattr(backend, "name", "none")
+            raise SessionError(f"[runtime] backend {name!r} does not time its steps (its capabilities do not "
+                               f"declare step_profile): no profile on this device")
+        for exe in self._profiled or ():
+            exe.set_profiling(False)  # type: ignore[attr-defined]
+        self._profiled = [] if on else None
+
+    def take_profile(self) -> list[StepProfile]:
+        """What the passes since the last take spent, per step and op family, one profile per rows fed per pass
+        (decode steps: 1; prefill chunks: their length); see :mod:`uaii.backends.profile`."""
+        from uaii.backends import merge_profiles
+
+        return merge_profiles(p for exe in self._profiled or () for p in exe.take_profile())  # type: ignore[attr-defined]
 
     def _plan(self, graph: Graph, budget: int) -> tuple[Any, bool]:
         assert self.backend is not None

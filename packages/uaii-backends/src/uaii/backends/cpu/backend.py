@@ -63,7 +63,8 @@ class CpuBackend(BackendBase):
                             ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED),
                             streams_weights=True, kv_dtypes=frozenset(KV_DTYPES), kv_positions=frozenset(POSITIONS),
                             kv_window=True, batched_kv=True, device_memory=0, threads=True,
-                            compile_options=frozenset({"gemm"}), arena=ARENA_RULE)
+                            compile_options=frozenset({"gemm"}), arena=ARENA_RULE,
+                            step_profile=True)
 
     def set_threads(self, n: int | None) -> None:
         """Threads of the kernel pool (None: the usable cores)."""

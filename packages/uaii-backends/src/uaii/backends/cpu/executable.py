@@ -20,7 +20,9 @@ bit-identical to its own run's.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +54,7 @@ from uaii.backends.cpu.ops_numpy import NUMPY, slice_index
 from uaii.backends.cpu.ops_shape import SHAPE
 from uaii.backends.cpu.streaming import StreamingWeights
 from uaii.backends.kv_book import KeyRope, KVBatch, key_ropes
+from uaii.backends.profile import NodeTiming, StepProfile
 from uaii.ir import Graph, Tensor
 from uaii.ir.kvcache import kv_bytes_per_token
 from uaii.ir.ops import UNARY
@@ -71,6 +74,8 @@ slower), everywhere."""
 PRECISE = 2
 """uk_gemm's mode 2 ("precise"): 16-bit activations for the weight types that have such a kernel (Q8_0), else mode 0."""
 GEMM_OPS = frozenset({"MatMul", "MatMulRelu", "GroupedMatMul"})
+PACKED_PRODUCTS = frozenset({"MatMulNBits", "QuantizedMatMul"})
+"""Products whose weight is several packed tensors (values, scales, zeros): a profile names them by mode and bits."""
 
 
 @dataclass
@@ -81,6 +86,10 @@ class Binding:
     outputs: dict[str, np.ndarray]
     slot: KVSlot | None  # where the steps find the run's KV state(s); None: bound without one
     n_new: int  # tokens this run adds to the KV state (batched: one per row)
+    rows: int = 1  # rows the feeds carry (a profile's kind of run)
+    step_ns: list[int] | None = None  # while profiling: nanoseconds per step, summed over the runs since a take
+    runs: int = 0
+    run_ns: int = 0
 
 
 class CpuExecutable:
@@ -121,6 +130,7 @@ class CpuExecutable:
         self._state_rows: weakref.WeakKeyDictionary[KVState, CacheRows] = weakref.WeakKeyDictionary()
         self.closed = False
         self._banks = {n for i in infos for n in expert_banks(i, self.weight_names)}  # read by expert: see _Bank
+        self._profiled: dict[int, Binding] | None = None  # while profiling: the bindings run since the last take
         self.streaming = StreamingWeights(self, weights, streamed, prefetch_order, expert_cache,
                                           chunk_bytes) if streamed else None
         eager = self.weight_names - self._banks - (self.streaming.names if self.streaming else set())
@@ -272,7 +282,8 @@ class CpuExecutable:
         names = ["(feeds)"] * len(b.prologue) + names
         feeds = [(n, arrays[n]) for n in self.input_names]
         outputs = {n: arrays[n] for n in self.output_names}
-        binding = Binding(steps, names, feeds, outputs, slot, n_new)
+        rows = next((int(s[0]) for s in shapes.values() if len(s)), 1)
+        binding = Binding(steps, names, feeds, outputs, slot, n_new, rows)
         binding.keep = b.keep  # type: ignore[attr-defined]  # scratch buffers live as long as the binding
         return binding
 
@@ -308,6 +319,7 @@ class CpuExecutable:
                                f"{', '.join(self.input_names)}") from None
         if self.kv_dims and state is None:
             raise BackendError("[backend] this graph keeps a KV cache: pass a state from new_state()")
+        t_start = time.perf_counter_ns() if self._profiled is not None else 0
         batched = isinstance(state, KVBatch)
         values = {n: np.asarray(feeds[n]).astype(self.graph.tensor(n).dtype.numpy, copy=False)
                   for n in self.shape_feeds}
@@ -326,15 +338,89 @@ class CpuExecutable:
         try:
             if self.streaming is not None:
                 self.streaming.start()
-            for f in binding.steps:
-                if f():
-                    self._fail(binding, f)
+            if self._profiled is None:
+                for f in binding.steps:
+                    if f():
+                        self._fail(binding, f)
+            else:
+                self._run_timed(binding)
         finally:
             if slot is not None:  # hold no state past its run: a released sequence's cache is freed at once
                 slot.states, slot.rows = [], []
         if state is not None and slot is not None and adds:
             state.advance(n)
+        if self._profiled is not None and binding.step_ns is not None:
+            binding.runs += 1
+            binding.run_ns += time.perf_counter_ns() - t_start
         return dict(binding.outputs)
+
+    # --- profiling (Capabilities.step_profile; see uaii.backends.profile) -----------------------------------------
+    def _run_timed(self, binding: Binding) -> None:
+        """The step loop with each step timed (the profiling twin of run's loop)."""
+        assert self._profiled is not None
+        if binding.step_ns is None:
+            binding.step_ns = [0] * len(binding.steps)
+            binding.runs = binding.run_ns = 0
+        self._profiled[id(binding)] = binding
+        ns = binding.step_ns
+        clock = time.perf_counter_ns
+        for i, f in enumerate(binding.steps):
+            t = clock()
+            rc = f()
+            ns[i] += clock() - t
+            if rc:
+                self._fail(binding, f)
+
+    def set_profiling(self, on: bool) -> None:
+        """Start (or stop) timing every step of every run; turning it on discards anything not yet taken."""
+        for b in (self._profiled or {}).values():
+            b.step_ns = None
+        self._profiled = {} if on else None
+
+    def take_profile(self) -> list[StepProfile]:
+        """What the runs since the last take (or since profiling began) spent, one profile per number of rows
+        fed; the counts start again from zero."""
+        if self._profiled is None:
+            return []
+        nodes = {n.name: n for n in self.graph.nodes}
+        by_rows: dict[int, StepProfile] = {}
+        for b in self._profiled.values():
+            if b.step_ns is None or not b.runs:
+                continue
+            prof = by_rows.setdefault(b.rows, StepProfile(b.rows))
+            prof.runs += b.runs
+            prof.run_seconds += b.run_ns / 1e9
+            index = {t.node: t for t in prof.nodes}
+            per_run = Counter(b.names)
+            for name, ns in zip(b.names, b.step_ns, strict=True):
+                t = index.get(name)
+                if t is None:
+                    node = nodes.get(name)
+                    family, wbytes = self._family(node) if node is not None else (name, 0)
+                    t = index[name] = NodeTiming(name, node.op if node is not None else name, family,
+                                                 weight_bytes=wbytes)
+                    prof.nodes.append(t)
+                t.seconds += ns / 1e9
+                t.calls += b.runs
+                t.steps = max(t.steps, per_run[name])
+            b.step_ns, b.runs, b.run_ns = [0] * len(b.steps), 0, 0
+        self._profiled = {}
+        return sorted(by_rows.values(), key=lambda p: p.rows)
+
+    def _family(self, node: Any) -> tuple[str, int]:
+        """A node's op family for a profile, and the weight bytes one run of it reads where that is its whole
+        weights (the dense products: their GB/s is the figure that matters in decode)."""
+        if node.op not in GEMM_OPS and node.op not in PACKED_PRODUCTS:
+            return node.op, 0
+        weights = [self.graph.tensor(n) for n in node.inputs if n in self.weight_names]
+        if not weights:
+            return "gemm (activations)", 0
+        nbytes = sum(t.dtype.nbytes(int(np.prod([int(d) for d in t.shape]))) for t in weights)
+        if node.op in PACKED_PRODUCTS:
+            kind = f"{node.attrs.get('mode', 'nbits')} {node.attrs.get('bits', '')}-bit".replace(" -bit", "")
+            return f"gemm {kind}", nbytes
+        dtypes = sorted({t.dtype.value for t in weights if t.dtype.value != "f32" or len(t.shape) > 1})
+        return f"gemm {'+'.join(dtypes)}", nbytes
 
     def _binding(self, shapes: tuple[tuple[int, ...], ...], stateful: bool, batched: bool,
                  values: Mapping[str, np.ndarray] | None = None) -> Binding:

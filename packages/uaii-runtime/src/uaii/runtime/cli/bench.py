@@ -20,6 +20,7 @@ from uaii.runtime.sampling import SamplingParams
 
 from . import report
 from .context import CliError, Context, add_model_argument, add_runtime_options, model_path, runtime_options
+from .profile import profile_decode, render
 
 BENCH_TEXT = (
     "The history of computing is a history of memory. Early machines stored a few thousand words in mercury "
@@ -44,6 +45,9 @@ def add_parsers(sub: Any) -> None:
     ap.add_argument("--warmup", type=int, default=1, metavar="N",
                     help="short warm-up generations before measuring (1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--profile", action="store_true",
+                    help="then profile the decode: ms per token by op family, executor and session time, the GB/s "
+                         "of the weight products against the copy bandwidth (one more generation, timed per step)")
     add_runtime_options(ap)
     ap.set_defaults(func=cmd_bench)
 
@@ -74,9 +78,14 @@ def peak_rss_bytes() -> int:
     return int(usage) * (1 if sys.platform == "darwin" else 1024)
 
 
+def session_prompt_ids(session: Any, prompt_tokens: int) -> list[int]:
+    """The benchmark prompt in ``session``'s tokenizer (after its BOS, where it adds one)."""
+    return bench_prompt_ids(lambda t: session.tokenize(t, add_special=False), prompt_tokens, _bos_of(session))
+
+
 def run_bench(session: Any, *, prompt_tokens: int, gen_tokens: int, warmup: int = 1) -> dict[str, Any]:
     """Measure one session: prefill of ``prompt_tokens`` ids, then ``gen_tokens`` greedy tokens."""
-    ids = bench_prompt_ids(lambda t: session.tokenize(t, add_special=False), prompt_tokens, _bos_of(session))
+    ids = session_prompt_ids(session, prompt_tokens)
     greedy = SamplingParams()
     for _ in range(warmup):
         session.generate(ids[:16], max_new_tokens=4, sampling=greedy, add_special=False)
@@ -134,6 +143,9 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
         with ctx.status(f"benchmarking {path.name} ..."):
             res = run_bench(session, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                             warmup=args.warmup)
+        if args.profile:
+            with ctx.status("profiling the decode ..."):
+                prof = profile_decode(session, session_prompt_ids(session, args.prompt_tokens), args.gen_tokens)
         info = getattr(session, "model_info", None)
         device = getattr(getattr(session, "backend", None), "name", None)  # the backend --device auto chose
     finally:
@@ -141,6 +153,8 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     res = {"model": str(path), "architecture": report.stat(info, "arch") or report.stat(info, "architecture"),
            "n_params": report.stat(info, "n_params"), "load_s": load_s, "n_threads": args.threads,
            "device": device, "preset": preset.name, "budget_bytes": preset.budget_bytes, **res}
+    if args.profile:
+        res["profile"] = prof
     if args.json:
         report.print_json(res)
         return 0
@@ -156,6 +170,11 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     table.add_row("peak RSS", report.size(res["peak_rss_bytes"]))
     table.add_row("preset", preset.describe())
     ctx.out.print(table)
+    if args.profile:
+        if prof.get("available"):
+            ctx.out.print(render(prof))
+        else:
+            ctx.note(f"note: no decode profile: {prof.get('reason')}")
     if res["stopped_early"]:
         ctx.note(f"note: generation stopped after {res['new_tokens']} of {args.gen_tokens} tokens "
                  f"({res['finish_reason']}); decode tok/s covers those")
