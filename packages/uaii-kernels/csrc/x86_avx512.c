@@ -8,6 +8,7 @@
 #define UK_FN(name) name##_avx512
 #define UK_LOAD_F16(p) _cvtsh_ss(*(p))
 #define UK_VNNI 2
+#define UK_ATTN_HEADS 4   /* 32 vector registers: see x86_ops.inc */
 #include "ops_impl.inc"
 #include "x86_ops.inc"
 #include "x86_quant.inc"
