@@ -26,11 +26,11 @@ K256 = (256, 768)
 def _check(dt: DType, k: int, rng: np.random.Generator, mode: str) -> None:
     n = 37                                     # chunks of 16 rows and row groups of 4, with remainders
     w = K.PackedWeight.from_raw(random_weight(dt, n, k, seed=k), dt, (n, k))
-    x = rng.standard_normal((9, k)).astype(np.float32)
+    x = rng.standard_normal((21, k)).astype(np.float32)
     x[:, rng.random(k) < 0.02] *= 30           # outliers: large block scales next to small ones
     x[3, : min(k, 64)] = 0.0                   # all-zero blocks (scale 0)
     g = K.get_gemm(mode)
-    for m in (4, 5, 9):
+    for m in (4, 5, 9, 21):                    # 21: more than one chunk of 16 rows, and a rest
         batch = g.gemm(x[:m], w)
         rows = np.concatenate([g.gemm(x[j:j + 1], w) for j in range(m)])
         np.testing.assert_array_equal(batch, rows, err_msg=f"{dt.value} k={k} m={m} {mode}")
