@@ -6,10 +6,13 @@
 | `laptop`      | 2 GiB                     | 2048      | 4        | f16      |
 | `workstation` | 16 GiB                    | 2048      | 4        | f16      |
 | `unlimited`   | 0 (no budget)             | 0 (all)   | 4        | f16      |
-| `auto`        | 50 % of MemAvailable (*)  | 2048      | 4        | f16      |
+| `auto`        | 50 % of available (*)     | 2048      | 4        | f16      |
 
-(*) rounded down to a step of 1 GiB (above 4 GiB), 256 MiB (above 1 GiB) or 64 MiB, so that it stays the same
-from run to run (the budget is part of the plan cache key); unlimited when MemAvailable cannot be read.
+(*) available: MemAvailable, or, in a cgroup with a memory limit (a container, a systemd slice, ``memory.max``),
+what the limit leaves if that is less (uaii.runtime.cgroup: the limit less the cgroup's unreclaimable usage; page
+cache counts against a cgroup). Rounded down to a step of 1 GiB (above 4 GiB), 256 MiB (above 1 GiB) or 64 MiB,
+so that it stays the same from run to run (the budget is part of the plan cache key); unlimited when neither can
+be read.
 
 The budget covers everything the process holds (pinned weights, staging buffers, KV cache, activations).
 The window bounds the KV cache's memory, not the positions: generation still ends at the model's context, the same
@@ -17,8 +20,9 @@ in every preset, unless ``kv_positions="cache"`` lets the window slide past it (
 The KV cache is f16, as llama.cpp's default: half the bytes of f32, and decode reads it every token (SmolLM2
 after a 512-token prompt: ~160 instead of ~120-140 tok/s); keys and values are rounded to f16, which moves logits
 by a few hundredths to tenths. ``Session(...)`` without a preset keeps the exact f32 cache.
-`auto` reads MemAvailable from /proc/meminfo when the preset is resolved. The CLI applies `auto` unless told
-otherwise (``--preset``, ``--budget``); ``Session(...)`` in Python applies no preset unless asked.
+`auto` reads MemAvailable from /proc/meminfo and the process's cgroup limit when the preset is resolved. The CLI
+applies `auto` unless told otherwise (``--preset``, ``--budget``); ``Session(...)`` in Python applies no preset
+unless asked.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from uaii.ir import UaiiError
+from uaii.runtime.cgroup import cgroup_memory
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -38,7 +43,7 @@ TiB = 1 << 40
 DEFAULT_KV_WINDOW = 2048
 DEFAULT_KV_SINKS = 4
 DEFAULT_KV_DTYPE = "f16"  # as llama.cpp: half the bytes decode reads every token
-AUTO_FRACTION = 0.5  # of MemAvailable
+AUTO_FRACTION = 0.5  # of the available memory (MemAvailable, or what a cgroup limit leaves)
 DEFAULT_PRESET = "auto"  # what the CLI applies
 
 
@@ -109,22 +114,30 @@ def auto_budget(available: int) -> int:
     return max(raw // step * step, min(raw, 64 * MiB))
 
 
-def get_preset(name: str, *, meminfo: str = "/proc/meminfo") -> Preset:
-    """The preset called ``name``; ``auto`` is computed now from MemAvailable (unlimited when unknown)."""
+def get_preset(name: str, *, meminfo: str = "/proc/meminfo", proc: str = "/proc/self") -> Preset:
+    """The preset called ``name``; ``auto`` is computed now from MemAvailable and, where the process's cgroup has
+    a memory limit, what that limit leaves (the smaller; unlimited when neither is known). ``proc``: the /proc
+    entry whose cgroup counts (tests point it at a fake tree)."""
     key = name.strip().lower()
     if key in _FIXED:
         return _FIXED[key]
     if key == "auto":
         avail = mem_available(meminfo)
-        budget = auto_budget(avail)
-        return Preset("auto", budget, description=f"{AUTO_FRACTION:.0%} of MemAvailable "
-                      f"({format_bytes(avail) if avail else 'unknown'})")
+        source = f"MemAvailable {format_bytes(avail)}" if avail else "MemAvailable unknown"
+        group = cgroup_memory(proc)
+        if group is not None and (not avail or group.available < avail):
+            avail = group.available
+            source = (f"cgroup v{group.version} limit {format_bytes(group.limit)}, {format_bytes(avail)} of it "
+                      f"free")
+        # a cgroup with nothing left still gets a budget: 0 would mean unlimited, the one wrong answer there
+        budget = auto_budget(avail) if avail else (64 * MiB if group is not None else 0)
+        return Preset("auto", budget, description=f"{AUTO_FRACTION:.0%} of available memory ({source})")
     raise PresetError(f"unknown preset {name!r}; known: {', '.join(PRESET_NAMES)}")
 
 
-def presets(*, meminfo: str = "/proc/meminfo") -> list[Preset]:
+def presets(*, meminfo: str = "/proc/meminfo", proc: str = "/proc/self") -> list[Preset]:
     """Every preset, ``auto`` resolved on this machine."""
-    return [get_preset(n, meminfo=meminfo) for n in PRESET_NAMES]
+    return [get_preset(n, meminfo=meminfo, proc=proc) for n in PRESET_NAMES]
 
 
 def resolve(preset: str | None = None, budget: str | int | None = None) -> Preset:
