@@ -88,3 +88,45 @@ def test_bench_profile_table(smollm2_path: Path, capsys: pytest.CaptureFixture[s
     assert "decode profile: 5 tokens at context 24-29" in out and "1 threads" in out
     for row in ("gemm q4_1", "Attention", "executor (feeds, state, step loop)", "session (sampling", "copy bandwidth"):
         assert row in out
+
+
+# ---------------------------------------------------------------------------------------------------- --batch
+def test_bench_batch_json_decodes_the_sequences_together(smollm2_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--no-color", "bench", str(smollm2_path), "--json", "--prompt-tokens", "40", "--gen-tokens", "9",
+                 "--threads", "2", "--batch", "3", "--profile"])
+    obj = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert obj["batch"] == 3 and obj["batched_pass"] and obj["batch_decode_steps"] == 8
+    assert obj["batch_decode_tok_s"] == pytest.approx(3 * obj["batch_per_sequence_tok_s"])
+    assert obj["batch_ratio"] == pytest.approx(obj["batch_decode_tok_s"] / obj["decode_tok_s"])
+    assert obj["batch_bytes_read_per_token"] is None  # mapped, nothing streamed (the auto budget holds SmolLM2)
+    prof = obj["profile_batch"]
+    assert prof["available"] and prof["rows"] == 3 and prof["tokens"] == 8 and prof["context"] == [40, 48]
+    assert {"gemm q4_1", "Attention"} <= {f["family"] for f in prof["families"]}
+
+
+def test_batch_prompts_differ_and_keep_their_length(smollm2_path: Path) -> None:
+    from uaii.runtime.cli.bench import batch_prompt_ids, session_prompt_ids
+
+    with Session(smollm2_path) as s:
+        prompts = batch_prompt_ids(s, 30, 4)
+        assert prompts[0] == session_prompt_ids(s, 30)  # the first is the single-sequence prompt
+    assert [len(p) for p in prompts] == [30] * 4 and len({tuple(p) for p in prompts}) == 4
+
+
+def test_bench_batch_under_a_budget_reads_each_streamed_byte_once_per_pass(smollm2_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Streamed, a pass reads the streamed weights once for all its sequences: bytes per generated token of a
+    batch of 4 are about a quarter of one sequence's."""
+    code = main(["--no-color", "bench", str(smollm2_path), "--json", "--prompt-tokens", "24", "--gen-tokens", "6",
+                 "--threads", "2", "--batch", "4", "--budget", "64MiB", "--warmup", "0"])
+    obj = json.loads(capsys.readouterr().out)
+    assert code == 0 and obj["batched_pass"]
+    single, batched = obj["bytes_read_per_token"], obj["batch_bytes_read_per_token"]
+    assert single and batched and batched == pytest.approx(single / 4, rel=0.05)
+
+
+def test_bench_batch_must_be_positive(smollm2_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--no-color", "bench", str(smollm2_path), "--batch", "0"]) != 0
+    assert "--batch must be >= 1" in capsys.readouterr().err

@@ -158,8 +158,9 @@ class SequencesMixin:
     # --- the memory budget --------------------------------------------------------------------------------------
     def _reserved_plan(self, graph: Any) -> tuple[Any, bool, Any]:
         """(plan, cache hit, options the session's own part is held to): under a budget, the plan for the budget
-        less the KV states of ``options.sequences`` sequences, so that a server's requests have room beside the
-        pins the planner fills the budget with. Halved (warned) while even the smallest plan does not fit."""
+        less the KV states of ``options.sequences`` sequences and the batched decode executable's arena
+        (:meth:`_batch_arena`), so that a server's requests have room beside the pins the planner fills the
+        budget with. Halved (warned) while even the smallest plan does not fit."""
         from uaii.planner import BudgetError
 
         o = self.options
@@ -167,9 +168,10 @@ class SequencesMixin:
         n = o.sequences if o.budget_bytes and per else 0
         while True:
             try:
-                if n and o.budget_bytes <= n * per:
-                    raise BudgetError("", budget_bytes=o.budget_bytes, required_bytes=n * per, parts={})
-                own = replace(o, budget_bytes=o.budget_bytes - n * per)
+                reserve = n * per + self._batch_arena(n)
+                if n and o.budget_bytes <= reserve:
+                    raise BudgetError("", budget_bytes=o.budget_bytes, required_bytes=reserve, parts={})
+                own = replace(o, budget_bytes=o.budget_bytes - reserve)
                 plan, hit = self._plan(graph, own.budget_bytes)
             except BudgetError:
                 if n == 0:
@@ -180,6 +182,18 @@ class SequencesMixin:
                 log.warning("[runtime] memory budget of %d bytes keeps room for %d sequence KV state(s) of %d bytes, "
                             "not the %d asked for: requests beyond them wait", o.budget_bytes, n, per, o.sequences)
             return plan, hit, own
+
+    def _batch_arena(self, n: int) -> int:
+        """Bytes to keep for the batched decode executable's arena when ``n`` >= 2 sequences are expected: its
+        layout at the rows it is first compiled for, by the backend's own rule (0 where the backend decodes one
+        sequence per pass or declares no arena rule). Without it the plan fills the budget with pins, and the
+        batched executable — compiled later — never fits: every step would decode one sequence per pass, reading
+        each streamed weight once per sequence instead of once per step."""
+        backend = self.backend
+        if n < 2 or backend is None or not backend.capabilities.batched_kv or not backend.capabilities.arena:
+            return 0
+        graph = batch_graph(self._bundle.graph, self.options)
+        return int(backend.plan_arena(graph, max(n, BATCH_ROWS)).size)
 
     @property
     def sequence_bytes(self) -> int:

@@ -19,8 +19,9 @@ from rich.table import Table
 from uaii.runtime.sampling import SamplingParams
 
 from . import report
+from .batch import run_batch
 from .context import CliError, Context, add_model_argument, add_runtime_options, model_path, runtime_options
-from .profile import profile_decode, render
+from .profile import profile_batch, profile_decode, render
 
 BENCH_TEXT = (
     "The history of computing is a history of memory. Early machines stored a few thousand words in mercury "
@@ -45,6 +46,9 @@ def add_parsers(sub: Any) -> None:
     ap.add_argument("--warmup", type=int, default=1, metavar="N",
                     help="short warm-up generations before measuring (1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--batch", type=int, default=1, metavar="N",
+                    help="then decode N sequences together (one forward pass per step): aggregate and per-sequence "
+                         "tok/s, the ratio to one sequence, bytes read per generated token (1: skip)")
     ap.add_argument("--profile", action="store_true",
                     help="then profile the decode: ms per token by op family, executor and session time, the GB/s "
                          "of the weight products against the copy bandwidth (one more generation, timed per step)")
@@ -81,6 +85,16 @@ def peak_rss_bytes() -> int:
 def session_prompt_ids(session: Any, prompt_tokens: int) -> list[int]:
     """The benchmark prompt in ``session``'s tokenizer (after its BOS, where it adds one)."""
     return bench_prompt_ids(lambda t: session.tokenize(t, add_special=False), prompt_tokens, _bos_of(session))
+
+
+def batch_prompt_ids(session: Any, prompt_tokens: int, n: int) -> list[list[int]]:
+    """``n`` prompts of ``prompt_tokens`` ids each: the benchmark text from 7 tokens further on per sequence (after
+    the BOS, where the model adds one), so that the rows of a batch differ."""
+    bos = _bos_of(session)
+    body_len = prompt_tokens - (bos is not None)
+    body = bench_prompt_ids(lambda t: session.tokenize(t, add_special=False), body_len + 7 * n)
+    head = [bos] if bos is not None else []
+    return [head + body[7 * i: 7 * i + body_len] for i in range(n)]
 
 
 def run_bench(session: Any, *, prompt_tokens: int, gen_tokens: int, warmup: int = 1) -> dict[str, Any]:
@@ -135,7 +149,11 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     if args.prompt_tokens < 1 or args.gen_tokens < 1:
         raise CliError("--prompt-tokens and --gen-tokens must be >= 1")
     preset, options = runtime_options(args)
+    if args.batch < 1:
+        raise CliError("--batch must be >= 1")
     options.update(kv_for_bench(options, args.prompt_tokens + args.gen_tokens))
+    if args.batch > 1:
+        options["sequences"] = args.batch  # a budget keeps room for their KV states
     t0 = time.perf_counter()
     session = ctx.open_session(path, **options)
     load_s = time.perf_counter() - t0
@@ -143,9 +161,17 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
         with ctx.status(f"benchmarking {path.name} ..."):
             res = run_bench(session, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                             warmup=args.warmup)
+        if args.batch > 1:
+            with ctx.status(f"decoding {args.batch} sequences together ..."):
+                prompts = batch_prompt_ids(session, args.prompt_tokens, args.batch)
+                batch = run_batch(session, prompts, args.gen_tokens)
+                single = res.get("decode_tok_s") or 0.0
+                batch["batch_ratio"] = batch["batch_decode_tok_s"] / single if single else None
         if args.profile:
             with ctx.status("profiling the decode ..."):
                 prof = profile_decode(session, session_prompt_ids(session, args.prompt_tokens), args.gen_tokens)
+                if args.batch > 1:
+                    prof_batch = profile_batch(session, prompts, min(args.gen_tokens, 32))
         info = getattr(session, "model_info", None)
         device = getattr(getattr(session, "backend", None), "name", None)  # the backend --device auto chose
     finally:
@@ -153,8 +179,12 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     res = {"model": str(path), "architecture": report.stat(info, "arch") or report.stat(info, "architecture"),
            "n_params": report.stat(info, "n_params"), "load_s": load_s, "n_threads": args.threads,
            "device": device, "preset": preset.name, "budget_bytes": preset.budget_bytes, **res}
+    if args.batch > 1:
+        res.update(batch)
     if args.profile:
         res["profile"] = prof
+        if args.batch > 1:
+            res["profile_batch"] = prof_batch
     if args.json:
         report.print_json(res)
         return 0
@@ -167,6 +197,15 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     table.add_row(f"prefill ({res['prompt_tokens']} tokens)", report.rate(res["prefill_tok_s"]))
     table.add_row(f"decode ({res['new_tokens']} tokens, greedy)", report.rate(res["decode_tok_s"]))
     table.add_row("time to first token", report.seconds(res["ttft_s"]))
+    if args.batch > 1:
+        table.add_row(f"decode, {args.batch} sequences together", f"{report.rate(res['batch_decode_tok_s'])} "
+                      f"({report.rate(res['batch_per_sequence_tok_s'])} each)")
+        ratio = res.get("batch_ratio")
+        table.add_row(f"{args.batch} sequences vs 1", f"{ratio:.2f}x" if ratio else "-")
+        if not res["batched_pass"]:
+            table.add_row("batched pass", "no: one pass per sequence (backend or budget)")
+        if res["batch_bytes_read_per_token"] is not None:
+            table.add_row("bytes read per generated token", report.size(res["batch_bytes_read_per_token"]))
     table.add_row("peak RSS", report.size(res["peak_rss_bytes"]))
     table.add_row("preset", preset.describe())
     ctx.out.print(table)
@@ -175,6 +214,8 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
             ctx.out.print(render(prof))
         else:
             ctx.note(f"note: no decode profile: {prof.get('reason')}")
+        if args.batch > 1 and prof_batch.get("available"):
+            ctx.out.print(render(prof_batch))
     if res["stopped_early"]:
         ctx.note(f"note: generation stopped after {res['new_tokens']} of {args.gen_tokens} tokens "
                  f"({res['finish_reason']}); decode tok/s covers those")

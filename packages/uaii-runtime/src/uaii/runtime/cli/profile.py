@@ -23,8 +23,6 @@ COPY_BYTES = 256 << 20
 def profile_decode(session: Any, ids: list[int], gen_tokens: int) -> dict[str, Any]:
     """A greedy generation of ``gen_tokens`` after ``ids`` with every step timed; returns the decode profile as a
     JSON-ready dict (per token figures in ms, weights in bytes, GB/s; :func:`render` prints it)."""
-    from uaii.kernels import copy_bandwidth, get_isa, get_num_threads
-
     session.set_profiling(True)
     try:
         kwargs: dict[str, Any] = {"max_new_tokens": gen_tokens, "sampling": SamplingParams(), "add_special": False,
@@ -33,13 +31,35 @@ def profile_decode(session: Any, ids: list[int], gen_tokens: int) -> dict[str, A
         profiles = session.take_profile()
     finally:
         session.set_profiling(False)
-    decode = next((p for p in profiles if p.rows == 1), None)
-    stats = result.stats
     steps = max(len(result.tokens) - 1, 0)
+    return _summary(session, profiles, 1, steps, result.stats.decode_s, [len(ids), len(ids) + steps])
+
+
+def profile_batch(session: Any, prompts: list[list[int]], gen_tokens: int) -> dict[str, Any]:
+    """The decode steps of ``len(prompts)`` sequences together (cli.batch.run_batch) with every step timed: the
+    profile of one batched pass (ms per pass; a pass makes one token per sequence)."""
+    from .batch import run_batch
+
+    session.set_profiling(True)
+    try:
+        got = run_batch(session, prompts, gen_tokens)
+        profiles = session.take_profile()
+    finally:
+        session.set_profiling(False)
+    n, steps = len(prompts), got["batch_decode_steps"]
+    length = len(prompts[0]) if prompts else 0
+    return _summary(session, profiles, n, steps, got["batch_decode_s"], [length, length + steps])
+
+
+def _summary(session: Any, profiles: list[Any], rows: int, steps: int, seconds: float,
+             context: list[int]) -> dict[str, Any]:
+    from uaii.kernels import copy_bandwidth, get_isa, get_num_threads
+
+    decode = next((p for p in profiles if p.rows == rows), None)
     if decode is None or not decode.runs or not steps:
         return {"available": False, "reason": "no decode step ran"}
     per = 1e3 / decode.runs
-    wall_ms = stats.decode_s * 1e3 / steps
+    wall_ms = seconds * 1e3 / steps
     run_ms = decode.run_seconds * per
     t0 = time.perf_counter()
     copy_gbs = copy_bandwidth(COPY_BYTES, 0.3)
@@ -51,8 +71,9 @@ def profile_decode(session: Any, ids: list[int], gen_tokens: int) -> dict[str, A
                          "gb_s": gbs, "x_copy": gbs / copy_gbs if gbs else None})
     return {
         "available": True,
+        "rows": rows,
         "tokens": steps,
-        "context": [len(ids), len(ids) + steps],
+        "context": context,
         "kv_dtype": session.options.kv_dtype,
         "threads": get_num_threads(),
         "isa": get_isa(),
@@ -70,12 +91,16 @@ def profile_decode(session: Any, ids: list[int], gen_tokens: int) -> dict[str, A
 
 def render(prof: dict[str, Any]) -> Table:
     """The decode profile as a table: one row per op family, then the executor and the session."""
-    title = (f"decode profile: {prof['tokens']} tokens at context {prof['context'][0]}-{prof['context'][1]}, "
+    rows = prof.get("rows", 1)
+    what = f"{prof['tokens']} tokens" if rows == 1 else f"{prof['tokens']} passes of {rows} sequences"
+    unit = "token" if rows == 1 else f"pass ({rows} tokens)"
+    title = (f"decode profile: {what} at context {prof['context'][0]}-{prof['context'][1]}, "
              f"KV {prof['kv_dtype']}, {prof['threads']} threads ({prof['isa']}): "
-             f"{prof['ms_per_token']:.3f} ms per token, {prof['steps_per_token']} steps")
+             f"{prof['ms_per_token']:.3f} ms per {unit}, {prof['steps_per_token']} steps")
     table = Table(title=title, title_justify="left")
-    for col, justify in (("where", "left"), ("ms/token", "right"), ("share", "right"), ("nodes", "right"),
-                         ("weights/token", "right"), ("GB/s", "right"), ("x copy", "right")):
+    per = "token" if rows == 1 else "pass"
+    for col, justify in (("where", "left"), (f"ms/{per}", "right"), ("share", "right"), ("nodes", "right"),
+                         (f"weights/{per}", "right"), ("GB/s", "right"), ("x copy", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     total = prof["ms_per_token"] or 1.0
 
@@ -88,10 +113,11 @@ def render(prof: dict[str, Any]) -> Table:
     for f in prof["families"]:
         row(f["family"], f["ms"], str(f["nodes"]), f["weight_bytes"], f["gb_s"], f["x_copy"])
     row("executor (feeds, state, step loop)", prof["executor_ms"])
-    row("session (sampling, detokenize, Python)", prof["session_ms"])
+    row("session (sampling, detokenize, Python)" if rows == 1 else "session and caller (argmax, Python)",
+        prof["session_ms"])
     table.caption = (f"copy bandwidth, same run and threads: {prof['copy_gb_s']:.1f} GB/s (read + written); "
                      f"'x copy' divides a product's weight read rate by it")
     return table
 
 
-__all__ = ["profile_decode", "render"]
+__all__ = ["profile_batch", "profile_decode", "render"]
