@@ -19,7 +19,7 @@ from uaii.kernels.testing import random_weight
 
 TYPES = sorted(K.DEQUANT_TYPES, key=lambda d: d.value)
 # 32-value types: 1-3 blocks past a group of 4 (the wide GEMV) and 1-7 past a group of 8 (the 256-bit GEMV)
-K32 = (32, 96, 160, 256, 576, 640, 736)
+K32 = (32, 96, 160, 256, 576, 640, 736, 1056)   # 1056: past the 1024-value rows of Q5_0's wide GEMV
 K256 = (256, 768)
 
 

@@ -51,6 +51,12 @@ typedef struct {
     _Atomic int failed;
 } gemm_ctx;
 
+/* Whether the wide GEMV kernel of `type` takes rows of k values: it has one, and k is within its range. The choice
+   depends on (type, k) alone, so a weight's decode rows and batches always take the same kernel (their bits agree). */
+static int wide_for(int type, int64_t k) {
+    return uk_kt.gemmw[type] && (!uk_kt.gemmw_max_k[type] || k <= uk_kt.gemmw_max_k[type]);
+}
+
 /* the integer path of one chunk of nr weight rows */
 static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float *y) {
     const int64_t k = c->k, nb = c->nb, m = c->m;
@@ -162,7 +168,7 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
     c->as = c->ad + m * nb;
     if (c->path == PATH_INT16) {
         c->aq16 = (int16_t *)aq;
-    } else if (uk_kt.gemmw[c->type]) {               /* decode rows and batches (see int_chunk) */
+    } else if (wide_for(c->type, k)) {               /* decode rows and batches (see int_chunk) */
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));
         if (!c->prep) return UK_E_NOMEM;
@@ -236,7 +242,7 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
     const int nthreads = uk_get_num_threads();
     int64_t chunk = GEMM_CHUNK;
     if (m <= GEMV_MAX_M || (m <= SMALL_M && (c.path == PATH_INT16 ||
-                                             (c.path == PATH_INT && (uk_kt.gemmw[type] || uk_kt.dotqm[type]))))) {
+                                             (c.path == PATH_INT && (wide_for(type, k) || uk_kt.dotqm[type]))))) {
         /* decode rows and small batches of the kernels that need no per-chunk scratch (long contiguous streams of
            cold weight bytes) */
         chunk = uk_decode_chunk(n, nthreads);

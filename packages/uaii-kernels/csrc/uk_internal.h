@@ -229,6 +229,8 @@ typedef struct {
        summed with the same operations whatever mr (a decode row is mr = 1); set with gprep, NULL: none */
     void (*gemmw[UK_NTYPES])(int64_t k, const uint8_t *w, int64_t row_bytes, int64_t nr, int64_t mr,
                              const uint8_t *prep, int64_t prep_stride, float *y, int64_t ldy);
+    /* the longest rows gemmw takes (0: any); longer ones take dotq, and pack8 + tile8 for batches */
+    int64_t gemmw_max_k[UK_NTYPES];
     /* operators (ops_impl.inc) */
     float (*dot_f32)(int64_t n, const float *a, const float *b);
     float (*dot_f16)(int64_t n, const float *a, const uint16_t *b);
