@@ -222,5 +222,5 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-__all__ = ["BENCH_TEXT", "add_parsers", "bench_prompt_ids", "cmd_bench", "kv_for_bench", "peak_rss_bytes",
-           "run_bench"]
+__all__ = ["BENCH_TEXT", "add_parsers", "batch_prompt_ids", "bench_prompt_ids", "cmd_bench", "kv_for_bench",
+           "peak_rss_bytes", "run_bench", "session_prompt_ids"]
