@@ -309,3 +309,34 @@ def test_too_many_threads_are_capped_to_the_usable_cores(tiny: Path) -> None:
     assert run.returncode == 0
     assert (f"warning: [runtime] n_threads=1000 is more than the {CORES} core{'s' if CORES != 1 else ''} this "
             "process may run on").encode() in run.stderr
+
+
+LOST_INTERRUPT = """
+import sys, weakref
+from uaii.runtime.cli import redelivered_interrupts
+
+class Thing:
+    pass
+
+def callback(_ref):
+    raise KeyboardInterrupt  # where a Ctrl-C lands when it hits importlib's module-lock callback
+
+with redelivered_interrupts():
+    try:
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        del thing                          # the callback runs; Python cannot raise from it
+        for _ in range(10_000_000):
+            pass
+        print("lost")
+    except KeyboardInterrupt:
+        print("delivered")
+"""
+
+
+def test_a_ctrl_c_python_cannot_raise_where_it_lands_is_delivered_again() -> None:
+    """Regression: SIGINT during start-up once landed in importlib's weakref callback; Python printed "Exception
+    ignored ... KeyboardInterrupt" and the run went on to the end (a flaky failure of the test above)."""
+    proc = subprocess.run([sys.executable, "-c", LOST_INTERRUPT], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "delivered", (proc.stdout, proc.stderr)
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -5,12 +5,17 @@ command is documented with an example in docs/cli.md.
 
 Nothing heavy is imported here: ``main`` imports the commands (numpy, rich, the kernels) inside its own Ctrl-C
 handler, so an interrupt during start-up ends like one during work — ``interrupted``, exit 130, no traceback.
+While it runs, a Ctrl-C that lands where Python cannot raise it (:func:`redelivered_interrupts`) is delivered again.
 """
 
 from __future__ import annotations
 
+import _thread
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 EXIT_INTERRUPTED = 130  # app.EXIT_INTERRUPTED, without importing app before the handler is in place
@@ -18,13 +23,42 @@ EXIT_INTERRUPTED = 130  # app.EXIT_INTERRUPTED, without importing app before the
 
 def main(argv: Sequence[str] | None = None, **kwargs: Any) -> int:
     """Run ``uaii`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code (see :mod:`.app`)."""
+    with redelivered_interrupts():
+        try:
+            from uaii.runtime.cli.app import main as run
+        except KeyboardInterrupt:
+            if sys.stderr is not None:
+                print("\ninterrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return run(argv, **kwargs)
+
+
+def _interrupt_soon() -> None:
+    time.sleep(0.002)
+    _thread.interrupt_main()
+
+
+@contextmanager
+def redelivered_interrupts() -> Iterator[None]:
+    """While inside, a KeyboardInterrupt that Python cannot raise where it lands — a weakref callback or a
+    ``__del__``, such as importlib's module-lock callbacks during start-up — is delivered again as SIGINT instead
+    of being printed as "Exception ignored ... KeyboardInterrupt" and lost (the run then went on as if no Ctrl-C
+    had come): a moment later, from another thread, so that it lands in the main flow (one that lands in another
+    such callback is delivered again). Other unraisable exceptions go to the hook that was there."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            # from another thread, a moment later: raised here, in the hook, it would be swallowed again
+            threading.Thread(target=_interrupt_soon, name="uaii-redeliver-sigint", daemon=True).start()
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
     try:
-        from uaii.runtime.cli.app import main as run
-    except KeyboardInterrupt:
-        if sys.stderr is not None:
-            print("\ninterrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return run(argv, **kwargs)
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def __getattr__(name: str) -> Any:
@@ -43,4 +77,5 @@ if TYPE_CHECKING:
     from uaii.runtime.cli.app import EXIT_ERROR, EXIT_OK, EXIT_PIPE, build_parser
     from uaii.runtime.cli.context import CliError
 
-__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PIPE", "CliError", "build_parser", "main"]
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PIPE", "CliError", "build_parser", "main",
+           "redelivered_interrupts"]
