@@ -113,12 +113,6 @@ def settle() -> None:
     time.sleep(0.25)
 
 
-def stream_copy(nbytes: int, min_time: float) -> float:
-    """GB/s of a parallel memcpy over arrays far larger than the caches, counting bytes read + written (the
-    kernels' own measure, which ``uaii bench --profile`` divides by too)."""
-    return K.copy_bandwidth(nbytes, min_time)
-
-
 def make_weight(dt: DType, n: int, k: int, rng: np.random.Generator) -> K.PackedWeight:
     if dt in K.QUANT_TYPES and dt not in (DType.F32,):
         w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
@@ -329,7 +323,7 @@ def main() -> None:
     bw = {t: 0.0 for t in threads}
     for t in threads:
         with K.num_threads(t):
-            bw[t] = stream_copy((128 if args.quick else 256) << 20, min_time)
+            bw[t] = K.copy_bandwidth((128 if args.quick else 256) << 20, min_time)
     print("memory bandwidth (STREAM-like copy, read + write): "
           + ", ".join(f"{bw[t]:.1f} GB/s at {t} thread{'s' if t > 1 else ''}" for t in threads))
     ratios = gemv_table(shapes, types, threads, bw, blas, min_time, rng)

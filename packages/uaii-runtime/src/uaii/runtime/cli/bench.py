@@ -104,7 +104,7 @@ def run_bench(session: Any, *, prompt_tokens: int, gen_tokens: int, warmup: int 
     for _ in range(warmup):
         session.generate(ids[:16], max_new_tokens=4, sampling=greedy, add_special=False)
     t0 = time.perf_counter()
-    result = _generate_ignoring_eos(session, ids, gen_tokens, greedy)
+    result = generate_ignoring_eos(session, ids, gen_tokens, greedy)
     wall = time.perf_counter() - t0
     stats = report.stats_dict(result.stats)
     new = len(result.tokens)
@@ -136,7 +136,7 @@ def kv_for_bench(options: dict[str, Any], tokens: int) -> dict[str, Any]:
     return {"kv_window": 0, "max_context": tokens}
 
 
-def _generate_ignoring_eos(session: Any, ids: list[int], n: int, greedy: SamplingParams) -> Any:
+def generate_ignoring_eos(session: Any, ids: list[int], n: int, greedy: SamplingParams) -> Any:
     """Generate ``n`` tokens: EOS must not end a benchmark early, where the Session lets us say so."""
     kwargs: dict[str, Any] = {"max_new_tokens": n, "sampling": greedy, "add_special": False}
     if "ignore_eos" in inspect.signature(session.generate).parameters:
@@ -222,5 +222,5 @@ def cmd_bench(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-__all__ = ["BENCH_TEXT", "add_parsers", "batch_prompt_ids", "bench_prompt_ids", "cmd_bench", "kv_for_bench",
-           "peak_rss_bytes", "run_bench", "session_prompt_ids"]
+__all__ = ["BENCH_TEXT", "add_parsers", "batch_prompt_ids", "bench_prompt_ids", "cmd_bench", "generate_ignoring_eos",
+           "kv_for_bench", "peak_rss_bytes", "run_bench", "session_prompt_ids"]

@@ -23,11 +23,11 @@ COPY_BYTES = 256 << 20
 def profile_decode(session: Any, ids: list[int], gen_tokens: int) -> dict[str, Any]:
     """A greedy generation of ``gen_tokens`` after ``ids`` with every step timed; returns the decode profile as a
     JSON-ready dict (per token figures in ms, weights in bytes, GB/s; :func:`render` prints it)."""
+    from .bench import generate_ignoring_eos  # bench imports this module
+
     session.set_profiling(True)
     try:
-        kwargs: dict[str, Any] = {"max_new_tokens": gen_tokens, "sampling": SamplingParams(), "add_special": False,
-                                  "ignore_eos": True}
-        result = session.generate(ids, **kwargs)
+        result = generate_ignoring_eos(session, ids, gen_tokens, SamplingParams())
         profiles = session.take_profile()
     finally:
         session.set_profiling(False)
