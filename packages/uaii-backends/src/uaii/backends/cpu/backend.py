@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def _capabilities() -> Capabilities:
+    return Capabilities(activation_dtypes=frozenset(d.value for d in PLAIN_TYPES),
+                        weight_dtypes=frozenset(d.value for d in DEQUANT_TYPES | PLAIN_TYPES),
+                        ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED),
+                        streams_weights=True, kv_dtypes=frozenset(KV_DTYPES), kv_positions=frozenset(POSITIONS),
+                        kv_window=True, batched_kv=True, device_memory=0, threads=True,
+                        compile_options=frozenset({"gemm"}), arena=ARENA_RULE, step_profile=True)
+
+
 class CpuBackend(BackendBase):
     """Runs every op of the registry; the hot ones on the C kernels (see ops_fast.py)."""
 
@@ -57,14 +68,9 @@ class CpuBackend(BackendBase):
     def capabilities(self) -> Capabilities:
         """Host memory, weights streamed from a streaming store, KV states in f32/f16 with a resident window and
         either positioning (kv.py), the kernels' thread pool, the ``gemm`` compile option, and its own arena rule
-        (memory.py, :meth:`plan_arena`)."""
-        return Capabilities(activation_dtypes=frozenset(d.value for d in PLAIN_TYPES),
-                            weight_dtypes=frozenset(d.value for d in DEQUANT_TYPES | PLAIN_TYPES),
-                            ops=frozenset(GENERIC) | frozenset(FAST), unsupported=dict(UNSUPPORTED),
-                            streams_weights=True, kv_dtypes=frozenset(KV_DTYPES), kv_positions=frozenset(POSITIONS),
-                            kv_window=True, batched_kv=True, device_memory=0, threads=True,
-                            compile_options=frozenset({"gemm"}), arena=ARENA_RULE,
-                            step_profile=True)
+        (memory.py, :meth:`plan_arena`). One value, made once: it is the same for every instance, and a session
+        reads it on every pass (building it took ~10 us)."""
+        return _capabilities()
 
     def set_threads(self, n: int | None) -> None:
         """Threads of the kernel pool (None: the usable cores)."""

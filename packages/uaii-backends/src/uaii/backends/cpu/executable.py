@@ -104,6 +104,7 @@ class CpuExecutable:
             raise BackendError(f"[backend] gemm must be one of {', '.join(GEMM_MODES)}, found {gemm!r}")
         self.gemm_mode = GEMM_MODES[gemm]
         self.graph = graph
+        self._kv_per_token: int | None = None
         self.output_projections = output_projections(graph) if gemm == "fast" else frozenset()
         self.infos = infos
         self.max_tokens = max(int(max_tokens), 1)
@@ -243,7 +244,9 @@ class CpuExecutable:
         arrays += self._acquired
         for v in self._cache.values():
             arrays += _arrays_of(v)
-        per_token = kv_bytes_per_token(self.graph)  # f32: the analysis the runtime's budget counts by too
+        if self._kv_per_token is None:  # the graph's type analysis (~0.5 ms): once; the engine asks per admission
+            self._kv_per_token = kv_bytes_per_token(self.graph)  # f32: what the runtime's budget counts by too
+        per_token = self._kv_per_token
         staging = self.streaming.staging_bytes() if self.streaming is not None else 0
         return ExecutableMemory(arena_bytes=self.arena_bytes, weight_bytes=distinct_bytes(arrays),
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="host")
