@@ -75,6 +75,7 @@ class FakeSession:
         self.last_result = None
         self.closed = False
         self.model_info = {"arch": "fake", "n_params": 42}
+        self.resets = 0
         FakeSession.opened.append(self)
 
     def tokenize(self, text, add_special=True):
@@ -101,6 +102,9 @@ class FakeSession:
         for i in range(0, len(result.text), 2):
             yield result.text[i:i + 2]
         self.last_result = result
+
+    def reset(self):
+        self.resets += 1
 
     def close(self):
         self.closed = True
@@ -357,6 +361,7 @@ def test_bench_json(model_file, capsys):
     s = FakeSession.opened[0]
     measured = s.calls[-1]
     assert measured["prompt"][0] == 1 and len(measured["prompt"]) == 40  # BOS + the fixed text, cut to 40
+    assert s.resets == 1  # the warm-up's KV is forgotten before the measured run (see test_bench_measures.py)
     assert measured["sampling"].greedy and measured["add_special"] is False
 
 
