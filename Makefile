@@ -23,7 +23,7 @@ PYTEST_FLAGS ?= -q
 # test-<pkg> and isolation-<pkg> are pattern rules, so they are not listed: make never looks for an implicit rule
 # for a .PHONY target (`make test-ir` did nothing while they were). No file of those names exists.
 .PHONY: help uv setup demo-env demo capi test lint typecheck pytest pytest-rest isolation gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage bench-kv bench-accuracy bench-gpu bench-serve clean
+        bench-generate bench-storage bench-kv bench-accuracy bench-gpu bench-serve bench-scale clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -118,6 +118,9 @@ bench-gpu: setup ## WebGPU on whatever adapter exists: GEMV GB/s per type vs its
 
 bench-serve: setup ## uaii serve on SmolLM2: aggregate decode tok/s of 4 concurrent streaming clients vs 1 (goal >= 2.5x)
 	$(PY) bench/bench_serve.py $(SERVE_ARGS)
+
+bench-scale: setup ## a 32B-shape dense model (18.4 GB, written once) in an 8 GiB memory cgroup: uaii vs llama.cpp, disk-bound (root; ~10 min; SCALE_ARGS=--no-llama-cpp)
+	$(PY) bench/bench_scale.py $(SCALE_ARGS)
 
 bench: bench-kernels bench-generate ## all benchmarks
 

@@ -55,13 +55,14 @@ def bench_file(size: int) -> Path:
     return path
 
 
-def raw_read(path: Path, size: int, threads: int, block: int) -> float:
-    """GB/s of O_DIRECT preadv over the file, ``threads`` readers taking blocks in turn."""
+def raw_read(path: Path, size: int, threads: int, block: int, offset: int = 0) -> float:
+    """GB/s of O_DIRECT preadv over ``size`` bytes of the file from ``offset`` (a multiple of ``block``),
+    ``threads`` readers taking blocks in turn."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
         def reader(k: int) -> None:
             buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT wants
-            for off in range(k * block, size, threads * block):
+            for off in range(offset + k * block, offset + size, threads * block):
                 n = os.preadv(fd, [buf], off)
                 if n <= 0:
                     raise OSError(f"short read at {off}")
