@@ -42,6 +42,7 @@ sys.path.insert(0, str(BENCH))  # sibling modules
 
 import memory_box  # noqa: E402
 from bench_storage_io import raw_read  # noqa: E402
+from llama_cpp_worker import read_bytes  # noqa: E402  (stdlib only: it runs in llama.cpp's environment too)
 
 GiB, MiB, GB = 1 << 30, 1 << 20, 1e9
 BOX_BYTES = 8 * GiB
@@ -53,13 +54,7 @@ READ_TARGET, BYTES_TARGET, PREFILL_TARGET, BATCH_TARGET = 0.85, 1.05, 1.1, 3.5
 STALL_MIN_S, STALL_FACTOR = 240.0, 3.0  # llama.cpp's default run is given max(this, factor x uaii's run)
 
 
-# ============================================================================ workers (inside the box)
-def proc_read_bytes() -> int:
-    """Bytes this process caused to be fetched from storage (page-cache misses of its maps included)."""
-    with open("/proc/self/io") as fh:
-        return int(dict(line.split(": ") for line in fh.read().splitlines())["read_bytes"])
-
-
+# ============================================================================ the worker (inside the box)
 def uaii_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Prefill, decode and 4-sequence decode of one session under the auto preset (the box's limit)."""
     from uaii.planner import summarize
@@ -95,7 +90,7 @@ def uaii_worker(spec: dict[str, Any]) -> dict[str, Any]:
         if N > 1:
             prompts = batch_prompt_ids(s, spec["batch_prompt_tokens"], N)
             out["batch"] = run_batch(s, prompts, G + 1)  # G passes of N tokens (the first comes from prefill)
-        out["io_read_bytes"] = proc_read_bytes()
+        out["io_read_bytes"] = read_bytes()
     return out
 
 
