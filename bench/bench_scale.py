@@ -260,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     theirs = None
     if not args.no_llama_cpp and "error" not in ours:
         import llama_cpp_env
+        from bench_models import model_path
 
-        python, why_not = llama_cpp_env.ensure(model)
+        # the build's smoke test on a small model: the build does not depend on the model, and loading the 18 GB
+        # one outside the box with llama.cpp's default repack would hold ~18 GB of anonymous memory on the host
+        python, why_not = llama_cpp_env.ensure(model_path("smollm2"))
         if python is None:
             theirs = {"error": f"no llama.cpp build: {why_not}"}
         else:
