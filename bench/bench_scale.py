@@ -120,7 +120,7 @@ def dense_model(quiet: bool) -> Path:
                           **{k: v for k, v in DENSE.items() if k != "n_layers"})
     path = default_path("llama", DENSE_GB, "q4_0", params)
     if not quiet:
-        print(f"dense model: {path} (written once, ~18.4 GB; reused while its parameters hold)", flush=True)
+        print(f"dense model: {path} (written once, ~{DENSE_GB} GB; reused while its parameters hold)", flush=True)
     ensure_synth(path, params, quiet=quiet)
     return path
 

@@ -106,11 +106,7 @@ class MemoryBox:
 
     def oom_kills(self) -> int:
         """Processes the kernel killed in this box for lack of memory."""
-        if self.version == "v1":
-            f = self.path / "memory.oom_control"
-            fields = dict(line.split() for line in f.read_text().splitlines()) if f.exists() else {}
-            return int(fields.get("oom_kill", 0))
-        f = self.path / "memory.events"
+        f = self.path / ("memory.oom_control" if self.version == "v1" else "memory.events")  # "key value" lines
         fields = dict(line.split() for line in f.read_text().splitlines()) if f.exists() else {}
         return int(fields.get("oom_kill", 0))
 
