@@ -26,11 +26,12 @@ K256 = (256, 768)
 def _check(dt: DType, k: int, rng: np.random.Generator, mode: str) -> None:
     n = 37                                     # chunks of 16 rows and row groups of 4, with remainders
     w = K.PackedWeight.from_raw(random_weight(dt, n, k, seed=k), dt, (n, k))
-    x = rng.standard_normal((21, k)).astype(np.float32)
+    x = rng.standard_normal((40, k)).astype(np.float32)
     x[:, rng.random(k) < 0.02] *= 30           # outliers: large block scales next to small ones
     x[3, : min(k, 64)] = 0.0                   # all-zero blocks (scale 0)
     g = K.get_gemm(mode)
-    for m in (4, 5, 9, 21):                    # 21: more than one chunk of 16 rows, and a rest
+    # 16 and more: the row-lane batches of Q4_0/Q5_0 (tiles of 16 activation rows; 21 and 40: a padded last tile)
+    for m in (4, 5, 9, 16, 21, 40):
         batch = g.gemm(x[:m], w)
         rows = np.concatenate([g.gemm(x[j:j + 1], w) for j in range(m)])
         np.testing.assert_array_equal(batch, rows, err_msg=f"{dt.value} k={k} m={m} {mode}")
@@ -54,12 +55,15 @@ def test_precise_mode_batch_rows_equal_decode_rows(dt: DType, isa: str, rng: np.
         _check(dt, k, rng, "c-precise")
 
 
-def test_batch_rows_equal_decode_rows_with_threads(rng: np.random.Generator) -> None:
-    """Rows are split between threads, never a row's sum: the thread count changes nothing."""
-    w = K.PackedWeight.from_raw(random_weight(DType.Q6_K, 300, 768, seed=2), DType.Q6_K, (300, 768))
-    x = rng.standard_normal((6, 768)).astype(np.float32)
+@pytest.mark.parametrize(("dt", "m"), [(DType.Q6_K, 6), (DType.Q5_0, 40), (DType.Q4_0, 40)], ids=str)
+def test_batch_rows_equal_decode_rows_with_threads(dt: DType, m: int, rng: np.random.Generator) -> None:
+    """Rows are split between threads, never a row's sum: the thread count changes nothing (Q5_0/Q4_0 at 40 rows:
+    the tasks lay the activation rows out into shared tiles of 16 together)."""
+    k = 768 if dt.block_size == 256 else 640
+    w = K.PackedWeight.from_raw(random_weight(dt, 300, k, seed=2), dt, (300, k))
+    x = rng.standard_normal((m, k)).astype(np.float32)
     with K.num_threads(1):
-        rows = np.concatenate([K.matmul(x[j:j + 1], w) for j in range(6)])
+        rows = np.concatenate([K.matmul(x[j:j + 1], w) for j in range(m)])
     for n in (2, 3):
         with K.num_threads(n):
             np.testing.assert_array_equal(K.matmul(x, w), rows)

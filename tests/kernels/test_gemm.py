@@ -96,7 +96,7 @@ from uaii.ir.dtype import DType
 from uaii.kernels.testing import random_weight
 
 libc, page = ctypes.CDLL(None), mmap.PAGESIZE
-dt, k, isa = DType.parse(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dt, k, isa, m = DType.parse(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 raw = random_weight(dt, 5, k, 3)
 size = (raw.nbytes + page - 1) // page * page
 region = mmap.mmap(-1, size + page)
@@ -105,7 +105,7 @@ assert libc.mprotect(ctypes.c_void_p(addr + size), page, 0) == 0        # PROT_N
 buf = np.frombuffer(region, np.uint8, count=size)[size - raw.nbytes:]
 buf[:] = raw
 w = K.PackedWeight.from_raw(buf, dt, (5, k))
-x = np.random.default_rng(0).standard_normal((1, k)).astype(np.float32)
+x = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
 with K.use_isa("scalar"):
     expected = K.matmul(x, w)
 with K.use_isa(isa):
@@ -114,13 +114,14 @@ np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected
 """
 
 
+@pytest.mark.parametrize("m", [1, 20], ids=["decode", "batch"])
 @pytest.mark.parametrize("dt", list(WIDE_K), ids=lambda d: d.value)
-def test_decode_reads_nothing_past_the_weight(dt: DType, isa: str) -> None:
+def test_reads_nothing_past_the_weight(dt: DType, m: int, isa: str) -> None:
     """The last row ends where an unreadable page begins (in a child process, so that a fault fails this test
     alone): a kernel that reads past the row, e.g. a full 64-byte load on the 1-3 blocks after the last group of
-    4, crashes the child."""
+    4, crashes the child. 20 rows: the batch kernels, which pack the weight rows (Q4_0/Q5_0: the row-lane form)."""
     k = 576 if dt.block_size == 32 else 256
-    proc = subprocess.run([sys.executable, "-c", GUARDED_GEMV, dt.value, str(k), isa], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", GUARDED_GEMV, dt.value, str(k), isa, str(m)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
 

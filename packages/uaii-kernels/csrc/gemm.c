@@ -7,8 +7,9 @@
  *          (or, where the ISA has them, the wide GEMV kernels on an activation row rearranged once per call).
  *          Batches compute every (weight row, activation row) pair with the same float operations in the same
  *          order as a decode row, so that prefill and decode give the same bits (a model amplifies a last-bit
- *          difference layer by layer through its activation quantizers): the wide GEMV kernels run once per
- *          activation row; small batches (2-8 rows: batched decode steps) of the legacy types take the multi-row
+ *          difference layer by layer through its activation quantizers): the wide GEMV kernels take 1-15
+ *          activation rows in their tiles, and 16 or more of Q4_0/Q5_0 run their per-pair operations with the
+ *          activation rows in the lanes (tilerl, x86_wbatch.inc); small batches (2-8 rows: batched decode steps) of the legacy types take the multi-row
  *          dot (dotqm: the activation rows in the 8-block form, each weight group unpacked into the same slices
  *          in registers once for 4 rows, no weight scratch, no horizontal sums); larger batches of the
  *          types with a direct dot pack a chunk of weight rows into the 8-block form
@@ -46,6 +47,8 @@ typedef struct {
     int64_t prep_stride;
     uint8_t *a8;            /* tile8 batches: the activation rows in the 8-block form, a8_stride bytes apart */
     int64_t a8_stride;
+    uint8_t *aw;            /* tilerl batches: the activation rows in tiles of 16 (rlprep), aw_stride bytes apart */
+    int64_t aw_stride;
     uk_split_t split;       /* the weight rows' chunks, shared out among the tasks */
     _Atomic int64_t prep_next, prep_done;   /* activation rows taken / prepared inside the region (gemm_task) */
     _Atomic int failed;
@@ -57,12 +60,27 @@ static int wide_for(int type, int64_t k) {
     return uk_kt.gemmw[type] && (!uk_kt.gemmw_max_k[type] || k <= uk_kt.gemmw_max_k[type]);
 }
 
+/* Whether a batch of m rows of k values takes tilerl (activation rows in lanes): the wide kernel's batches of the
+   types with a row-lane form, the same bits (x86_wbatch.inc); fewer rows keep gemmw, whose weight unpacking is
+   shared by up to 4 rows and needs no packing pass. */
+static int wbatch_for(int type, int64_t k, int64_t m) {
+    return m >= UK_WB_MIN_M && wide_for(type, k) && uk_kt.rlpack[type] && uk_kt.tilerl;
+}
+
 /* the integer path of one chunk of nr weight rows */
 static void int_chunk(gemm_ctx *c, int ith, const uint8_t *w, int64_t nr, float *y) {
     const int64_t k = c->k, nb = c->nb, m = c->m;
     const int decode = m <= GEMV_MAX_M;
     if (c->aq16) {                                /* one kernel for decode rows and batches: the same bits */
         uk_kt.tile16[c->type](k, (int)nr, (int)m, w, c->row_bytes, c->aq16, c->ad, y, c->ldy);
+        return;
+    }
+    if (c->aw) {          /* wide types' batches: the chunk's rows in the row-lane form once, then every tile */
+        const int64_t ws = nb * UK_WB_BLOCK;
+        uint8_t *p = uk_scratch(ith, (size_t)(nr * ws));
+        if (!p) { atomic_store(&c->failed, 1); return; }
+        for (int64_t i = 0; i < nr; i++) uk_kt.rlpack[c->type](w + i * c->row_bytes, nb, p + i * ws);
+        uk_kt.tilerl(nb, (int)nr, m, p, ws, c->aw, c->aw_stride, y, c->ldy);
         return;
     }
     if (c->prep) {        /* wide GEMV types: all rows at once, each weight group unpacked once; every pair alike */
@@ -155,6 +173,7 @@ static void prep_row(gemm_ctx *c, int64_t j) {
     float *ad = c->ad + j * nb, *as = c->as + j * nb;
     uk_kt.quant_act(c->x + j * c->ldx, k, aq, ad, as);
     if (c->prep) uk_kt.gprep[c->type](k, aq, ad, as, c->prep + j * c->prep_stride);
+    if (c->aw) uk_kt.rlprep(nb, aq, ad, (int)(j % 16), c->aw + j / 16 * c->aw_stride);
     if (c->a8) uk_aprep8(k, aq, ad, as, c->a8 + j * c->a8_stride);
 }
 
@@ -168,6 +187,11 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
     c->as = c->ad + m * nb;
     if (c->path == PATH_INT16) {
         c->aq16 = (int16_t *)aq;
+    } else if (wbatch_for(c->type, k, m)) {          /* see int_chunk; the rows past the batch read as zeros */
+        c->aw_stride = nb * UK_WB_ABLOCK;
+        c->aw = uk_scratch(UK_SLOT_SHARED2, (size_t)((m + 15) / 16 * c->aw_stride));
+        if (!c->aw) return UK_E_NOMEM;
+        for (int64_t j = m; j % 16; j++) uk_kt.rlprep(nb, NULL, NULL, (int)(j % 16), c->aw + j / 16 * c->aw_stride);
     } else if (wide_for(c->type, k)) {               /* decode rows and batches (see int_chunk) */
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));

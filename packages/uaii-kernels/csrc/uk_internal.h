@@ -158,6 +158,9 @@ typedef void (*uk_dotqm_fn)(int64_t nb, const void *w, int mr, const uint8_t *a8
    UK_GPREP_BYTES(k) bytes (64-byte aligned), then gemmw over the weight rows */
 typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);
 #define UK_GPREP_BYTES(k) ((size_t)(k) * 2 + 512)
+#define UK_WB_BLOCK 64       /* row-lane form (rlpack): bytes per weight block */
+#define UK_WB_ABLOCK 576     /* a tile of 16 activation rows (rlprep): bytes per block */
+#define UK_WB_MIN_M 16       /* the fewest activation rows that take tilerl */
 typedef void (*uk_qact_fn)(const float *x, int64_t k, int8_t *q, float *d, float *s);
 /* The 16-bit activation form (act16 types, uk_gemm mode 2): per 32 values q = round-half-even(x * 32767 / amax)
    as int16 and d = amax / 32767. tile16 computes y[j*ldy + i] = w_i . a_j for nr weight rows in their GGUF bytes
@@ -231,6 +234,14 @@ typedef struct {
                              const uint8_t *prep, int64_t prep_stride, float *y, int64_t ldy);
     /* the longest rows gemmw takes (0: any); longer ones take dotq, and pack8 + tile8 for batches */
     int64_t gemmw_max_k[UK_NTYPES];
+    /* batches (at least UK_WB_MIN_M rows) of the wide types whose per-pair operations tilerl repeats with the
+       activation rows in lanes (x86_wbatch.inc): rlpack lays one weight row out (UK_WB_BLOCK bytes per block),
+       rlprep one activation row into its lane of a tile of 16 rows (UK_WB_ABLOCK bytes per block), tilerl runs nr
+       (<= 16) packed rows against mr rows in tiles ts bytes apart; NULL: gemmw takes the batches too */
+    void (*rlpack[UK_NTYPES])(const void *w, int64_t nb, uint8_t *out);
+    void (*rlprep)(int64_t nb, const int8_t *aq, const float *ad, int lane, uint8_t *tile);
+    void (*tilerl)(int64_t nb, int nr, int64_t mr, const uint8_t *w, int64_t ws, const uint8_t *a, int64_t ts,
+                  float *y, int64_t ldy);
     /* operators (ops_impl.inc) */
     float (*dot_f32)(int64_t n, const float *a, const float *b);
     float (*dot_f16)(int64_t n, const float *a, const uint16_t *b);

@@ -17,11 +17,15 @@
 #include "x86_pack8.inc"
 #include "x86_gemm.inc"
 #include "x86_gemv512.inc"
+#include "x86_wbatch.inc"
 
 void uk_fill_avx512(uk_kernel_table *t) {
     fill_ops_avx512(t);
     fill_x86_ops_avx512(t);
     fill_x86_avx512(t);
-    if (uk_cpu_has_vbmi()) fill_gemv512(t);
+    if (uk_cpu_has_vbmi()) {
+        fill_gemv512(t);
+        fill_wbatch(t);
+    }
 }
 #endif
