@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from dataclasses import replace
 
 import pytest
 from planner_helpers import Builder, Dims, llama
@@ -17,6 +18,7 @@ from uaii.planner import (
     build_plan,
     fuse,
     group_of,
+    plan_problems,
     summarize,
     weight_group,
 )
@@ -383,7 +385,33 @@ def test_fill_pins_never_pins_an_expert_bank_alone() -> None:
     p = make(g, budget_bytes=budget, pin_layers=2, fill_pins=True)
     banks = [w for w in p.storage.weights if "_exps" in w.ref]
     assert {w.mode for w in banks if w.group == "blk.1"} == {"streamed"}
-    assert summarize(p)["total_bytes"] <= budget and budget - summarize(p)["total_bytes"] >= bank // 2
+    # the room a bank would have taken is the (auto) expert cache's
+    assert summarize(p)["total_bytes"] == budget and p.storage.expert_cache_bytes >= bank // 2
+
+
+def test_auto_expert_cache_takes_what_the_budget_leaves() -> None:
+    """With fill_pins and expert_cache_bytes 0 (what a Session under a budget plans with by default) the expert
+    cache gets every byte the pinned dense weights, staging, KV cache and arena leave, and no MoE layer is pinned
+    whole; an explicit cache size keeps that size and the whole-layer rule. A cached plan's check recomputes the
+    same figure (check_plan: no finding)."""
+    g = moe_graph(layers=3, dense=1)
+    full = make(g, budget_bytes=64 * MiB, pin_layers=3)
+    layer = sum(w.nbytes for w in full.storage.weights if w.group == "blk.2")
+    budget = summarize(full)["total_bytes"] - layer // 2
+    auto = make(g, budget_bytes=budget, pin_layers=0, fill_pins=True)
+    assert summarize(auto)["total_bytes"] == budget
+    assert all(w.mode == "streamed" for w in auto.storage.weights if "_exps" in w.ref)
+    assert all(w.mode == "pinned" for w in auto.storage.weights if ".dense" in w.ref)
+    smallest = make(g, budget_bytes=budget, pin_layers=0)       # no fill: the smallest cache
+    assert auto.storage.expert_cache_bytes > 2 * smallest.storage.expert_cache_bytes
+    opts = PlannerOptions(budget_bytes=budget, pin_layers=0, fill_pins=True)
+    assert list(plan_problems(auto, g, fuse(g, opts), opts)) == []
+    # a cached plan whose cache is not what the budget leaves is refused
+    shrunk = replace(auto, storage=replace(auto.storage, expert_cache_bytes=auto.storage.expert_cache_bytes - PAGE))
+    assert any("expert_cache_bytes" in p for p in plan_problems(shrunk, g, fuse(g, opts), opts))
+    explicit = make(g, budget_bytes=budget, pin_layers=0, fill_pins=True, expert_cache_bytes=1 << 20)
+    assert explicit.storage.expert_cache_bytes == 1 << 20
+    assert any(w.mode == "pinned" for w in explicit.storage.weights if "_exps" in w.ref)
 
 
 def test_fill_pins_pins_dense_weights_before_expert_banks() -> None:

@@ -206,7 +206,8 @@ def _storage(plan: ExecutionPlan, uses: Mapping[str, WeightUse], options: Planne
         allowed = ("mmap",) if options.budget_bytes == 0 else ("pinned", "streamed")
         if w.mode not in (allowed if u.streamable else ("pinned",)):
             yield f"weight {w.ref!r} is {w.mode}, which a budget of {options.budget_bytes} does not allow for it"
-    yield from _derived(s, storage_for_modes(list(uses.values()), [w.mode for w in s.weights], options))
+    yield from _derived(s, storage_for_modes(list(uses.values()), [w.mode for w in s.weights], options,
+                                             plan.arena.size))
     total = plan.planned_bytes
     if options.budget_bytes and total > options.budget_bytes:
         yield f"it holds {total} bytes, over the budget of {options.budget_bytes}"

@@ -17,7 +17,11 @@ weights staged together) or one whole layer (``"layer"``), every tensor rounded 
 allocates it. A tied embedding/lm_head table is one weight reference, counted once. Streamed MoE expert banks stage
 nothing: the runtime reads the routed top_k experts straight into the expert cache, whose part of the budget is
 ``expert_cache_bytes`` but at least one expert of every bank of a MoE step (:func:`expert_cache_need`; 0 when every
-bank is pinned). The plan's ``expert_cache_bytes`` is that figure.
+bank is pinned). With ``fill_pins`` and ``expert_cache_bytes`` 0 (auto) the cache takes what the budget leaves
+once the dense weights are pinned (:func:`auto_expert_cache`), and no MoE layer is pinned whole: a layer's banks
+pinned save its top_k experts per token, and the same bytes as cache save as much when routing is uniform (an
+expert of any streamed layer, hit at the cache's share of that layer's experts) and more when it is not. The
+plan's ``expert_cache_bytes`` is that figure.
 
 What a step stages and reads per token follows from how its op reads each weight, which the op's schema declares
 (:class:`uaii.ir.ops.WeightAccess`, :meth:`~uaii.ir.ops.OpSchema.weight_inputs`); no op name or input slot is
@@ -327,6 +331,9 @@ def _fill(uses: Sequence[WeightUse], groups: Sequence[str], pinned: set[str], fi
         if trial.total <= options.budget_bytes:
             fit = trial
     fit = _fill_tensors(uses, fit, options, arena)
+    if fit.parts["expert_cache"] and not options.expert_cache_bytes:  # auto: the cache takes the rest (module doc)
+        cache = auto_expert_cache(options, fit.parts["pinned"], fit.parts["staging"], arena, fit.parts["expert_cache"])
+        return _Fit(fit.pinned, fit.staging, {**fit.parts, "expert_cache": cache})
     for g in groups:
         if g in moe and g not in fit.pinned:
             trial = _fit(uses, fit.pinned | {g}, options, arena)
@@ -384,14 +391,24 @@ def storage_for_uses(uses: Sequence[WeightUse], arena: ArenaLayout, options: Pla
     if options.budget_bytes == 0:
         return storage_for_modes(uses, ["mmap" if u.streamable else "pinned" for u in uses], options)
     fit = choose_pins(uses, options, arena.size)
-    return storage_for_modes(uses, ["pinned" if _held(u, fit.pinned, options) else "streamed" for u in uses], options)
+    return storage_for_modes(uses, ["pinned" if _held(u, fit.pinned, options) else "streamed" for u in uses], options,
+                             arena.size)
 
 
-def storage_for_modes(uses: Sequence[WeightUse], modes: Sequence[str], options: PlannerOptions) -> StoragePlan:
+def auto_expert_cache(options: PlannerOptions, pinned: int, staging: int, arena: int, need: int) -> int:
+    """The expert cache of ``fill_pins`` with ``expert_cache_bytes`` 0: what the budget leaves after the pinned
+    weights, the staging buffers, the KV cache and the arena, at least ``need`` (one expert of every bank of a MoE
+    step, :func:`expert_cache_need`)."""
+    return max(need, options.budget_bytes - pinned - staging - options.kv_cache_bytes - arena)
+
+
+def storage_for_modes(uses: Sequence[WeightUse], modes: Sequence[str], options: PlannerOptions,
+                      arena_bytes: int = 0) -> StoragePlan:
     """The storage plan that places ``uses`` in ``modes`` (one each): prefetch order, staging buffers, expert cache
-    and bytes per token follow from the modes alone. The planner makes its plans with it, and the check of a cached
-    plan (:mod:`uaii.planner.check`) compares with it, so the two cannot drift apart. Without a budget every
-    streamable weight is in the prefetch order (memory-mapped, read ahead) and nothing is staged."""
+    and bytes per token follow from the modes (and, for the auto expert cache, the ``arena_bytes`` the budget also
+    holds). The planner makes its plans with it, and the check of a cached plan (:mod:`uaii.planner.check`)
+    compares with it, so the two cannot drift apart. Without a budget every streamable weight is in the prefetch
+    order (memory-mapped, read ahead) and nothing is staged."""
     weights = tuple(WeightPlacement(u.ref, u.nbytes, u.group, m) for u, m in zip(uses, modes, strict=True))
     if options.budget_bytes == 0:
         return StoragePlan(budget_bytes=0, weights=weights, prefetch_order=tuple(u.ref for u in uses if u.streamable),
@@ -399,11 +416,15 @@ def storage_for_modes(uses: Sequence[WeightUse], modes: Sequence[str], options: 
     streamed = [u for u, m in zip(uses, modes, strict=True) if m == "streamed"]
     unit = staging_unit(streamed, options.stream_unit)
     experts = expert_cache_need(streamed)  # as :func:`_fit` counts it
+    cache = max(options.expert_cache_bytes, experts) if experts else 0
+    buffers = (unit,) * options.staging_buffers if unit and streamed else ()
+    if cache and options.fill_pins and not options.expert_cache_bytes:
+        pinned = sum(w.nbytes for w in weights if w.mode == "pinned")
+        cache = auto_expert_cache(options, pinned, sum(buffers), arena_bytes, experts)
     return StoragePlan(
-        budget_bytes=options.budget_bytes, weights=weights,
-        staging_buffers=(unit,) * options.staging_buffers if unit and streamed else (),
+        budget_bytes=options.budget_bytes, weights=weights, staging_buffers=buffers,
         prefetch_order=tuple(u.ref for u in streamed),
-        expert_cache_bytes=max(options.expert_cache_bytes, experts) if experts else 0,
+        expert_cache_bytes=cache,
         kv_cache_bytes=options.kv_cache_bytes, streamed_bytes_per_token=sum(u.per_token for u in streamed))
 
 
@@ -428,6 +449,6 @@ def summarize(plan: ExecutionPlan) -> dict[str, Any]:
 
 
 __all__ = ["CHUNK_MIN", "EMBED", "LM_HEAD", "NORM", "OTHER", "PAGE", "SMALL", "WEIGHT_GROUP_RULES", "WeightUse",
-           "choose_pins", "drop_order", "expert_cache_need", "group_of", "is_trunk", "page_round", "pin_priority",
-           "pin_unit", "plan_storage", "spread", "staging_unit", "storage_for_modes", "storage_for_uses", "summarize",
-           "weight_group", "weight_uses"]
+           "auto_expert_cache", "choose_pins", "drop_order", "expert_cache_need", "group_of", "is_trunk",
+           "page_round", "pin_priority", "pin_unit", "plan_storage", "spread", "staging_unit", "storage_for_modes",
+           "storage_for_uses", "summarize", "weight_group", "weight_uses"]

@@ -46,8 +46,8 @@ class SessionOptions:
         uaii.runtime.gpu_budget).
     preset: a memory preset name (uaii.runtime.presets); its budget and window fill the options left at default.
     pin_layers: trunk layers to pin when a budget applies (None: the planner's default).
-    expert_cache_bytes: bytes of the MoE expert LRU cache under a budget (part of the budget; 0: the smallest cache
-        that holds one expert's weights).
+    expert_cache_bytes: bytes of the MoE expert LRU cache under a budget (part of the budget; 0: what the budget
+        leaves once the dense weights are pinned, at least one expert of every bank; see uaii.planner.storage).
     stream_read_ahead: streamed tensors read ahead of compute (the store's ``max_inflight``).
     enable_fusion / enable_memory_reuse: planner fusion passes / arena reuse.
     max_batch: tokens per prefill step (the prompt runs in chunks of this many).
