@@ -119,7 +119,7 @@ bench-gpu: setup ## WebGPU on whatever adapter exists: GEMV GB/s per type vs its
 bench-serve: setup ## uaii serve on SmolLM2: aggregate decode tok/s of 4 concurrent streaming clients vs 1 (goal >= 2.5x)
 	$(PY) bench/bench_serve.py $(SERVE_ARGS)
 
-bench-scale: setup ## a 32B-shape dense model (18.4 GB, written once) in an 8 GiB memory cgroup: uaii vs llama.cpp, disk-bound (root; ~10 min; SCALE_ARGS=--no-llama-cpp)
+bench-scale: setup ## a 32B-shape dense model (18.4 GB) and a 480B-shape MoE slice (2 x 14 GB), written once, in an 8 GiB memory cgroup: uaii vs llama.cpp, disk-bound (root; ~15 min; SCALE_ARGS=--models moe)
 	$(PY) bench/bench_scale.py $(SCALE_ARGS)
 
 bench: bench-kernels bench-generate ## all benchmarks

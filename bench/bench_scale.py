@@ -18,11 +18,20 @@ counts against it) after the page cache is dropped, and the box's peak is read b
    run) is stopped, reported, and followed by a run with --no-repack (the weights stay in the mapped file).
 
 The bound it prints: decode tok/s <= raw GB/s / streamed GB per token (the disk cannot be read faster; only fewer
-bytes per token beat it). The MoE slice of the issue (Qwen3-Coder-480B shapes, router locality) is not measured
-yet: the run says so.
+bytes per token beat it).
 
-    make bench-scale                                          # ~10 minutes once the model is written
+The MoE: a 3-layer slice of Qwen3-Coder-480B-A35B shapes (d_model 6144, 96 query / 8 KV heads of 128, 160 experts
+of d_ff 2560, top-8, vocab 151936, Q4_0: ~14 GB; the full 62 layers would be ~265 GB, more than the disk), written
+twice: routers without locality (every expert alike) and with a Zipf-like popularity per layer (``--moe-zipf``,
+synth_gguf.router_gains). In the same box, UAII with the expert cache the budget leaves (the runtime's default)
+and, as the reference without reuse, the smallest cache: bytes read per decode token against the plan's streamed
+bytes (attention + the top-k experts, nothing cached), the expert cache's hit rate per layer and the bytes it
+saved; then the 62-layer extrapolation of the per-layer figures (labelled so), and llama.cpp on the
+locality slice (mmap: the box's page cache is its only expert cache).
+
+    make bench-scale                                          # ~15 minutes once the models are written
     uv run --no-sync python bench/bench_scale.py --gen-tokens 2 --json out.json
+    uv run --no-sync python bench/bench_scale.py --models moe --no-llama-cpp
 """
 
 from __future__ import annotations
@@ -50,6 +59,11 @@ DENSE_GB = 18.4  # the name of its cache file (synth_gguf.default_path); the siz
 DENSE = {"n_layers": 64, "d_model": 5120, "n_heads": 40, "n_kv_heads": 8, "d_ff": 27648, "vocab": 152064}
 RAW_DEPTHS = (1, 2, 4, 8, 16, 32)
 RAW_BLOCKS = (4 * MiB, 16 * MiB)
+MOE_GB = 14.0  # the name of its cache files
+MOE = {"n_layers": 3, "d_model": 6144, "n_heads": 96, "n_kv_heads": 8, "head_dim": 128, "d_ff_expert": 2560,
+       "n_experts": 160, "top_k": 8, "vocab": 151936}
+MOE_FULL_LAYERS = 62  # Qwen3-Coder-480B-A35B
+MOE_ZIPF = 1.0  # the locality slice's router popularity exponent (synth_gguf.router_gains)
 READ_TARGET, BYTES_TARGET, PREFILL_TARGET, BATCH_TARGET = 0.85, 1.05, 1.1, 3.5
 STALL_MIN_S, STALL_FACTOR = 240.0, 3.0  # llama.cpp's default run is given max(this, factor x uaii's run)
 
@@ -65,12 +79,13 @@ def uaii_worker(spec: dict[str, Any]) -> dict[str, Any]:
     P, G, N = spec["prompt_tokens"], spec["gen_tokens"], spec["batch"]
     t0 = time.perf_counter()
     s = Session(spec["path"], preset="auto", n_threads=spec["threads"], kv_dtype="f16", kv_window=0,
-                max_context=P + G + 8, sequences=N)
+                max_context=P + G + 8, sequences=N, **spec.get("options", {}))
     out: dict[str, Any] = {"load_s": time.perf_counter() - t0}
     with s:
         plan = summarize(s.plan)
         out["plan"] = {k: plan[k] for k in ("budget_bytes", "pinned_bytes", "staging_bytes", "streamed_bytes_per_token",
-                                            "streamed_bytes", "kv_cache_bytes", "arena_bytes", "total_bytes")}
+                                            "streamed_bytes", "kv_cache_bytes", "expert_cache_bytes", "arena_bytes",
+                                            "total_bytes")}
 
         def read() -> int:
             return int(s.storage_stats().get("bytes_read", 0) or 0)
@@ -82,16 +97,30 @@ def uaii_worker(spec: dict[str, Any]) -> dict[str, Any]:
         out["prefill"] = {"tokens": P, "s": time.perf_counter() - t0, "bytes": read() - b0,
                           "stats_tok_s": first.stats.prefill_tok_s}
         # decode: the prompt and its token again; the cache holds the prompt, so each of the G passes is one token
-        b0, t0 = read(), time.perf_counter()
+        b0, t0, e0 = read(), time.perf_counter(), s.storage_stats().get("expert_cache")
         res = s.generate([*ids, *first.tokens], max_new_tokens=G, ignore_eos=True)
         out["decode"] = {"passes": G, "s": time.perf_counter() - t0, "bytes": read() - b0,
                          "tokens": list(res.tokens)}
+        e1 = s.storage_stats().get("expert_cache")
+        if e0 is not None and e1 is not None:  # the decode passes' share of the expert cache's counters
+            out["experts"] = expert_delta(e0, e1)
         s.reset()
         if N > 1:
             prompts = batch_prompt_ids(s, spec["batch_prompt_tokens"], N)
             out["batch"] = run_batch(s, prompts, G + 1)  # G passes of N tokens (the first comes from prefill)
         out["io_read_bytes"] = read_bytes()
     return out
+
+
+def expert_delta(e0: dict[str, Any], e1: dict[str, Any]) -> dict[str, Any]:
+    """Hits, misses and bytes read of the expert cache between two of its stats snapshots, in all and per layer."""
+    def part(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        hits, misses = b["hits"] - a.get("hits", 0), b["misses"] - a.get("misses", 0)
+        return {"hits": hits, "misses": misses, "bytes_read": b["bytes_read"] - a.get("bytes_read", 0),
+                "hit_rate": hits / (hits + misses) if hits + misses else None}
+
+    layers = {k: part((e0.get("per_layer") or {}).get(k, {}), v) for k, v in (e1.get("per_layer") or {}).items()}
+    return {**part(e0, e1), "budget_bytes": e1.get("budget_bytes"), "per_layer": layers}
 
 
 # ============================================================================ the parent
@@ -121,6 +150,18 @@ def dense_model(quiet: bool) -> Path:
     path = default_path("llama", DENSE_GB, "q4_0", params)
     if not quiet:
         print(f"dense model: {path} (written once, ~{DENSE_GB} GB; reused while its parameters hold)", flush=True)
+    ensure_synth(path, params, quiet=quiet)
+    return path
+
+
+def moe_model(zipf: float, quiet: bool) -> Path:
+    from synth_gguf import default_path, ensure_synth, model_params
+
+    shape = {k: v for k, v in MOE.items() if k != "n_layers"}
+    params = model_params("moe", MOE["n_layers"], "q4_0", 0, **shape, router_zipf=zipf or None)
+    path = default_path("moe", MOE_GB, "q4_0", params)
+    if not quiet:
+        print(f"MoE slice (router zipf {zipf:g}): {path} (written once, ~{MOE_GB:g} GB)", flush=True)
     ensure_synth(path, params, quiet=quiet)
     return path
 
@@ -223,6 +264,113 @@ def report(raw: dict[str, Any], ours: dict[str, Any], theirs: dict[str, Any] | N
     print(f"  uaii / llama.cpp: decode {tok_s / lt:.2f}x, prefill {prefill_ratio:.2f}x")
 
 
+def run_moe(box: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The MoE slice: per locality, UAII with the expert cache the budget leaves, and (no locality) with the
+    smallest cache, the reference without reuse; then llama.cpp on the locality slice."""
+    runs: dict[str, Any] = {}
+    raw = None
+    for zipf in (0.0, args.moe_zipf):
+        path = moe_model(zipf, quiet=False)
+        if raw is None:
+            raw = raw_rates(path, int(args.raw_gb * GB))
+            print(f"raw disk best (MoE file): {raw['best_gbps']:.2f} GB/s at {raw['best']}", flush=True)
+        caches = [("auto", {})] + ([("smallest", {"expert_cache_bytes": 1})] if zipf == 0.0 else [])
+        for label, options in caches:
+            spec = {"path": str(path), "prompt_tokens": args.prompt_tokens, "gen_tokens": args.moe_gen_tokens,
+                    "batch": args.batch if label == "auto" else 1, "batch_prompt_tokens": args.batch_prompt_tokens,
+                    "threads": args.threads, "options": options}
+            key = f"zipf {zipf:g}, cache {label}"
+            runs[key] = res = in_box(box, [sys.executable, str(Path(__file__).resolve()), "--worker",
+                                           json.dumps(spec)], args.timeout)
+            res["zipf"], res["cache"], res["path"] = zipf, label, str(path)
+            print(f"uaii MoE ({key}): {'FAILED: ' + res['error'] if 'error' in res else 'done'} in "
+                  f"{res['wall_s']:.0f} s", flush=True)
+    theirs = None
+    local = runs.get(f"zipf {args.moe_zipf:g}, cache auto", {})
+    if not args.no_llama_cpp and "error" not in local:
+        import llama_cpp_env
+        from bench_models import model_path
+
+        python, why_not = llama_cpp_env.ensure(model_path("smollm2"))
+        if python is None:
+            theirs = {"error": f"no llama.cpp build: {why_not}"}
+        else:
+            largs = argparse.Namespace(**{**vars(args), "gen_tokens": args.moe_gen_tokens})
+            theirs = run_llama(box, python, Path(local["path"]), local["prompt_ids"], largs,
+                               stall_s=max(STALL_MIN_S, STALL_FACTOR * local["wall_s"]))
+        print(f"llama.cpp MoE: {'did not finish' if 'error' in theirs else 'finished'}", flush=True)
+    return {"raw": raw, "runs": runs, "llama_cpp": theirs}
+
+
+def moe_token_bytes() -> tuple[float, float, float]:
+    """Bytes a decode token reads with nothing cached, of the slice's shapes in Q4_0 (18 bytes per 32 weights):
+    (attention of a layer, its top-k experts, the lm_head outside the layers)."""
+    m, q = MOE, 18 / 32
+    attn = (2 * m["n_heads"] * m["head_dim"] + 2 * m["n_kv_heads"] * m["head_dim"]) * m["d_model"] * q
+    return attn, m["top_k"] * 3 * m["d_model"] * m["d_ff_expert"] * q, m["vocab"] * m["d_model"] * q
+
+
+def report_moe(moe: dict[str, Any], box_bytes: int, zipf: float) -> None:
+    raw, runs = moe["raw"], moe["runs"]
+    best = raw["best_gbps"] if raw else 0.0
+    m = MOE
+    print(f"\nMoE: Qwen3-Coder-480B-A35B shapes, a {m['n_layers']}-layer slice (d_model {m['d_model']}, "
+          f"{m['n_heads']}x{m['head_dim']} query / {m['n_kv_heads']} KV heads, {m['n_experts']} experts of d_ff "
+          f"{m['d_ff_expert']}, top-{m['top_k']}, Q4_0), {box_bytes / GiB:.0f} GiB box, raw best {best:.2f} GB/s")
+    ref = runs.get("zipf 0, cache smallest")
+    ref_bpt = ref["decode"]["bytes"] / ref["decode"]["passes"] if ref and "error" not in ref else None
+    for key, r in runs.items():
+        if "error" in r:
+            print(f"  {key}: FAILED: {r['error']}")
+            continue
+        plan, dc, ex = r["plan"], r["decode"], r.get("experts") or {}
+        bpt, tok_s = dc["bytes"] / dc["passes"], dc["passes"] / dc["s"]
+        ideal = plan["streamed_bytes_per_token"]
+        # the issue's ideal: the streamed weights that are not experts, plus the experts not already cached
+        others = ideal - MOE["n_layers"] * moe_token_bytes()[1]
+        missed = ex.get("bytes_read", 0) / dc["passes"]
+        hit = ex.get("hit_rate")
+        layers = ", ".join(f"{k} {v['hit_rate']:.0%}" for k, v in sorted(ex.get("per_layer", {}).items())
+                           if v.get("hit_rate") is not None)
+        saved = f"; {fmt_gb(ref_bpt - bpt)} per token saved against the smallest cache" if ref_bpt and r is not ref \
+            else ""
+        print(f"  {key}: expert cache {fmt_gb(plan['expert_cache_bytes'])} (pinned {fmt_gb(plan['pinned_bytes'])}); "
+              f"decode {dc['passes']} tokens {tok_s:.3f} tok/s, {fmt_gb(bpt)} read per token = {bpt / ideal:.3f} x "
+              f"the streamed bytes with nothing cached, {bpt / max(others + missed, 1):.3f} x the non-expert ones + "
+              f"the missed experts' [goal <= {BYTES_TARGET}: {mark(bpt <= BYTES_TARGET * (others + missed))}]"
+              f"; read {dc['bytes'] / dc['s'] / GB:.2f} GB/s = {dc['bytes'] / dc['s'] / GB / best:.2f} x raw; expert "
+              f"hit rate {'-' if hit is None else f'{hit:.1%}'} ({layers}){saved}; peak "
+              f"{r['peak_bytes'] / GiB:.2f} GiB")
+        bt = r.get("batch")
+        if bt:
+            bb = bt.get("batch_bytes_read_per_token")
+            print(f"    batch {bt['batch']}: {bt['batch_decode_tok_s']:.3f} tok/s aggregate = "
+                  f"{bt['batch_decode_tok_s'] / tok_s:.2f} x one sequence"
+                  + (f"; {fmt_gb(bb)} read per generated token" if bb else ""))
+    attn, experts, outside = moe_token_bytes()
+    full = MOE_FULL_LAYERS * (attn + experts) + outside
+    print(f"  {MOE_FULL_LAYERS}-layer extrapolation (not measured): {fmt_gb(attn + experts)} per layer and token "
+          f"with nothing cached (attention {fmt_gb(attn)} + top-{m['top_k']} experts {fmt_gb(experts)}) + "
+          f"{fmt_gb(outside)} lm_head = {fmt_gb(full)} per token: at the raw best <= {best * GB / full:.3f} tok/s; "
+          f"with a hit rate h on the expert bytes <= {best:.2f} GB/s / ({fmt_gb(full)} - h x "
+          f"{fmt_gb(MOE_FULL_LAYERS * experts)})")
+    theirs = moe.get("llama_cpp")
+    if theirs is None:
+        return
+    if "error" in theirs:
+        print(f"  llama.cpp (zipf {zipf:g}): did not finish in the box: {theirs['error']}")
+        return
+    local = runs.get(f"zipf {zipf:g}, cache auto", {})
+    how = "mmap, defaults" if theirs.get("repack", True) else "mmap, --no-repack"
+    dec_io = theirs.get("decode_io_read_bytes")
+    passes = local.get("decode", {}).get("passes") or 1
+    ours = passes / local["decode"]["s"] if "decode" in local else None
+    per = f", {fmt_gb(dec_io / passes)} read per decode token" if dec_io is not None else ""
+    print(f"  llama.cpp {theirs.get('version', '?')} ({how}, zipf {zipf:g}): decode {theirs['decode_tok_s']:.3f} "
+          f"tok/s{per}; peak {theirs['peak_bytes'] / GiB:.2f} GiB"
+          + (f"; uaii / llama.cpp decode {ours / theirs['decode_tok_s']:.2f}x" if ours else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--box-gib", type=float, default=BOX_BYTES / GiB, help="the memory cgroup's limit (8 GiB)")
@@ -233,7 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--raw-gb", type=float, default=2.0,
                     help="GB read per raw-rate setting (at most 2: each reads its own stretch of the model file)")
-    ap.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp run")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp runs")
+    ap.add_argument("--models", default="dense,moe", help="comma-separated: dense, moe (both)")
+    ap.add_argument("--moe-zipf", type=float, default=MOE_ZIPF,
+                    help=f"router popularity exponent of the MoE locality slice ({MOE_ZIPF:g}; see synth_gguf)")
+    ap.add_argument("--moe-gen-tokens", type=int, default=8, help="MoE decode passes measured per run (8)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="per run, seconds")
     ap.add_argument("--json", type=Path, help="also write every figure here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -247,6 +399,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench-scale: cannot run: {why}")
         return 1
     box = int(args.box_gib * GiB)
+    models = {m.strip() for m in args.models.split(",") if m.strip()}
+    if not models or models - {"dense", "moe"}:
+        ap.error(f"--models: dense, moe; found {args.models!r}")
+    result: dict[str, Any] = {}
+    if "dense" in models:
+        result.update(run_dense(box, args))
+    if "moe" in models:
+        result["moe"] = moe = run_moe(box, args)
+        report_moe(moe, box, args.moe_zipf)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def run_dense(box: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The dense model: raw rates, UAII, llama.cpp, and the report."""
     model = dense_model(quiet=False)
     print(f"bench-scale: {model.name} ({fmt_gb(model.stat().st_size)}), box {box / GiB:.1f} GiB, "
           f"{args.threads} threads, "
@@ -272,10 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                                stall_s=max(STALL_MIN_S, STALL_FACTOR * ours["wall_s"]))
         print(f"llama.cpp: {'did not finish' if 'error' in theirs else 'finished'}", flush=True)
     report(raw, ours, theirs, box)
-    print("\nMoE (Qwen3-Coder-480B-A35B shapes, a 3-layer slice, router locality): not measured yet")
-    if args.json:
-        args.json.write_text(json.dumps({"raw": raw, "uaii": ours, "llama_cpp": theirs}, indent=1))
-    return 0
+    return {"raw": raw, "uaii": ours, "llama_cpp": theirs}
 
 
 if __name__ == "__main__":

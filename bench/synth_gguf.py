@@ -4,7 +4,10 @@ Throughput under a memory budget does not need meaningful weights, only real sha
 have Llama-3-8B layer shapes (llama: d=4096, 32 query heads, 8 KV heads, d_ff=14336) or OLMoE-like MoE layers
 (d=2048, 64 experts of d_ff=1024, top-4), a 32000-token vocabulary (a small embedding) and as many layers as a
 requested size needs. Quantized weights are random bytes with one finite f16 scale per tensor, chosen so that a
-matmul's output has about half the RMS of its input (no overflow over any depth); norms are F32 ones, MoE routers
+matmul's output has about half the RMS of its input (no overflow over any depth), its sign random per block:
+random Q4_0 nibbles decode to -8..7, mean -0.5, and with one sign every product would add a common component to
+every token's hidden state, so that a MoE router picked the same experts for every token (99 % expert-cache hits
+without any locality); norms are F32 ones, MoE routers
 F32 normals. The tokenizer is a working gpt2 byte-level BPE (the 700-token vocabulary of the tokenizer golden
 tests) padded with filler tokens up to the vocabulary size.
 
@@ -41,7 +44,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_TOKENIZER = REPO / "tests" / "golden" / "tokenizers" / "tiny.json"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: block scales of random sign (the hidden states differ from token to token)
 GB = 1e9  # sizes are decimal gigabytes, as in the GB/s figures
 MiB = 1 << 20
 CHUNK_BYTES = 16 * MiB
@@ -66,6 +69,7 @@ QTYPES = {
 # Shapes of the CLI's --size-gb models.
 LLAMA_SHAPE = {"d_model": 4096, "n_heads": 32, "n_kv_heads": 8, "d_ff": 14336, "vocab": 32000}
 MOE_SHAPE = {"d_model": 2048, "d_ff_expert": 1024, "n_experts": 64, "top_k": 4, "vocab": 32000}
+MOE_OPTIONAL = ("head_dim", "router_zipf")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Tensor:
     shape: tuple[int, ...]
     kind: str = "quant"
     gain: float = 0.5
+    zipf: float = 0.0  # routers: the exponent of their experts' popularity (0: every expert alike)
 
     @property
     def numel(self) -> int:
@@ -84,8 +89,8 @@ class Tensor:
 
 
 # --- tensor tables ------------------------------------------------------------------------------------------------
-def _attention(i: int, d: int, n_heads: int, n_kv: int) -> list[Tensor]:
-    hd = d // n_heads
+def _attention(i: int, d: int, n_heads: int, n_kv: int, head_dim: int | None = None) -> list[Tensor]:
+    hd = head_dim or d // n_heads
     p = f"blk.{i}"
     return [Tensor(f"{p}.attn_norm.weight", (d,), "norm"),
             Tensor(f"{p}.attn_q.weight", (n_heads * hd, d)),
@@ -107,12 +112,12 @@ def llama_tensors(n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_
 
 
 def moe_tensors(n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff_expert: int, n_experts: int,
-                vocab: int) -> list[Tensor]:
+                vocab: int, head_dim: int | None = None, router_zipf: float = 0.0) -> list[Tensor]:
     """A mixtral-style GGUF (llama arch + experts): packed banks ``ffn_{gate,up,down}_exps`` and an F32 router."""
     out = [Tensor("token_embd.weight", (vocab, d_model), gain=0.0)]
     for i in range(n_layers):
-        out += _attention(i, d_model, n_heads, n_kv_heads)
-        out += [Tensor(f"blk.{i}.ffn_gate_inp.weight", (n_experts, d_model), "router"),
+        out += _attention(i, d_model, n_heads, n_kv_heads, head_dim)
+        out += [Tensor(f"blk.{i}.ffn_gate_inp.weight", (n_experts, d_model), "router", zipf=router_zipf),
                 Tensor(f"blk.{i}.ffn_gate_exps.weight", (n_experts, d_ff_expert, d_model)),
                 Tensor(f"blk.{i}.ffn_up_exps.weight", (n_experts, d_ff_expert, d_model)),
                 Tensor(f"blk.{i}.ffn_down_exps.weight", (n_experts, d_model, d_ff_expert))]
@@ -167,10 +172,12 @@ def _chunks(t: Tensor, q: QType, rng: np.random.Generator) -> Iterator[memoryvie
         yield memoryview(np.ones(t.numel, np.float32)).cast("B")
         return
     if t.kind == "router":
+        gains = router_gains(t.shape[0], t.zipf, rng)
         rows = max(1, CHUNK_BYTES // (4 * t.shape[-1]))
         for r in range(0, t.shape[0], rows):
-            n = min(rows, t.shape[0] - r) * t.shape[-1]
-            yield memoryview(rng.standard_normal(n, np.float32) / np.float32(math.sqrt(t.shape[-1]))).cast("B")
+            m = min(rows, t.shape[0] - r)
+            w = rng.standard_normal((m, t.shape[-1]), np.float32) / np.float32(math.sqrt(t.shape[-1]))
+            yield memoryview(np.ascontiguousarray(w * gains[r:r + m, None])).cast("B")
         return
     scale = np.frombuffer(np.float16(_scale(t, q)).tobytes(), np.uint8)
     assert np.isfinite(np.frombuffer(scale.tobytes(), np.float16)).all()
@@ -182,7 +189,22 @@ def _chunks(t: Tensor, q: QType, rng: np.random.Generator) -> Iterator[memoryvie
         raw = rng.integers(0, np.iinfo(np.uint64).max, -(-nbytes // 8), dtype=np.uint64, endpoint=True)
         blocks = raw.view(np.uint8)[:nbytes].reshape(nb, q.block_bytes)
         blocks[:, :2] = scale
+        blocks[:, 1] |= rng.integers(0, 2, nb, dtype=np.uint8) << 7  # the f16 sign bit (byte 1, bit 7)
         yield memoryview(blocks).cast("B")
+
+
+def router_gains(n_experts: int, zipf: float, rng: np.random.Generator) -> np.ndarray:
+    """Per-expert scales of a router's rows: the expert of popularity rank r (a random order per layer) gets
+    (r + 1) ** -zipf, normalized to a mean square of 1. A router logit is a row's dot with the hidden state, so a
+    larger row spreads its logits wider and wins the top-k more often: zipf 0 routes uniformly (no locality: what
+    an expert cache can hope for at random), larger exponents concentrate the traffic on a few experts per layer,
+    as traces of real MoE models do. Drawn first from the tensor's generator: zipf 0 leaves every other byte of the
+    file as it was."""
+    if zipf == 0.0:
+        return np.ones(n_experts, np.float32)
+    g = (np.arange(n_experts, dtype=np.float64) + 1.0) ** -zipf
+    g = g[rng.permutation(n_experts)]
+    return (g / math.sqrt(float(np.mean(g * g)))).astype(np.float32)
 
 
 def _write(path: Path, arch_kv: dict[str, Any], tensors: list[Tensor], vocab: int, qtype: str, seed: int,
@@ -243,24 +265,38 @@ def write_llama_gguf(path: str | os.PathLike[str], n_layers: int, d_model: int, 
 
 def write_moe_gguf(path: str | os.PathLike[str], n_layers: int, d_model: int, d_ff_expert: int, n_experts: int = 64,
                    top_k: int = 4, vocab: int = 32000, qtype: str = "q4_0", seed: int = 0, *,
-                   n_heads: int | None = None, n_kv_heads: int | None = None, context: int = 8192) -> Path:
+                   n_heads: int | None = None, n_kv_heads: int | None = None, head_dim: int | None = None,
+                   router_zipf: float = 0.0, context: int = 8192) -> Path:
     """A mixtral-style MoE GGUF (llama arch, ``expert_count`` experts, ``top_k`` used). Heads default to a head
-    dimension of 128 (at most d_model / 16) and 4 query heads per KV head."""
+    dimension of 128 (at most d_model / 16) and 4 query heads per KV head; ``head_dim`` sets it apart from d_model
+    (Qwen3-MoE: 96 heads of 128 on d_model 6144, written as ``attention.key_length``/``value_length``).
+    ``router_zipf``: the routers' locality (:func:`router_gains`)."""
     n_heads = n_heads or max(1, d_model // max(128, d_model // 16))
     n_kv_heads = n_kv_heads or max(1, n_heads // 4)
-    _check_heads(d_model, n_heads, n_kv_heads)
+    _check_heads(d_model, n_heads, n_kv_heads, head_dim)
     if not 0 < top_k <= n_experts:
         raise ValueError(f"[synth] top_k {top_k} must be in 1..{n_experts}")
+    if router_zipf < 0:
+        raise ValueError(f"[synth] router_zipf {router_zipf} must be >= 0")
     U32 = gguf.GGUFValueType.UINT32
-    tensors = moe_tensors(n_layers, d_model, n_heads, n_kv_heads, d_ff_expert, n_experts, vocab)
+    tensors = moe_tensors(n_layers, d_model, n_heads, n_kv_heads, d_ff_expert, n_experts, vocab, head_dim,
+                          router_zipf)
     kv = {**_kv(n_layers, d_model, n_heads, n_kv_heads, d_ff_expert, vocab, context),
           "llama.expert_count": (n_experts, U32), "llama.expert_used_count": (top_k, U32),
           "llama.expert_feed_forward_length": (d_ff_expert, U32)}
+    if head_dim:
+        kv.update({"llama.attention.key_length": (head_dim, U32), "llama.attention.value_length": (head_dim, U32),
+                   "llama.rope.dimension_count": (head_dim, U32)})
     return _write(Path(path), kv, tensors, vocab, qtype, seed,
                   f"synth-moe-{n_layers}L-{d_model}d-{n_experts}x{top_k}")
 
 
-def _check_heads(d_model: int, n_heads: int, n_kv_heads: int) -> None:
+def _check_heads(d_model: int, n_heads: int, n_kv_heads: int, head_dim: int | None = None) -> None:
+    if head_dim is not None:
+        if head_dim <= 0 or head_dim % 2 or n_heads % n_kv_heads:
+            raise ValueError(f"[synth] head_dim {head_dim}, {n_heads} heads, {n_kv_heads} KV heads: the head "
+                             "dimension must be even and KV heads must divide heads")
+        return
     if d_model % n_heads or n_heads % n_kv_heads or (d_model // n_heads) % 2:
         raise ValueError(f"[synth] d_model {d_model}, {n_heads} heads, {n_kv_heads} KV heads: heads must divide "
                          "d_model into an even head dimension and KV heads must divide heads")
@@ -271,7 +307,8 @@ def model_params(kind: str, n_layers: int, qtype: str = "q4_0", seed: int = 0, *
     """Everything that decides a CLI model's bytes (the sidecar compares it): the default shape of ``kind`` with
     ``shape`` overrides (None: keep the default)."""
     base: dict[str, Any] = dict(LLAMA_SHAPE) if kind == "llama" else {**MOE_SHAPE, "n_heads": 16, "n_kv_heads": 4}
-    unknown = sorted(k for k, v in shape.items() if v is not None and k not in base)
+    optional = () if kind == "llama" else MOE_OPTIONAL  # in the parameters only when set: older files stay valid
+    unknown = sorted(k for k, v in shape.items() if v is not None and k not in base and k not in optional)
     if unknown:
         raise ValueError(f"[synth] {kind} models have no setting {', '.join(unknown)}")
     base.update({k: v for k, v in shape.items() if v is not None})
@@ -296,7 +333,7 @@ def _tensors(kind: str, p: dict[str, Any]) -> list[Tensor]:
     if kind == "llama":
         return llama_tensors(p["n_layers"], p["d_model"], p["n_heads"], p["n_kv_heads"], p["d_ff"], p["vocab"])
     return moe_tensors(p["n_layers"], p["d_model"], p["n_heads"], p["n_kv_heads"], p["d_ff_expert"],
-                       p["n_experts"], p["vocab"])
+                       p["n_experts"], p["vocab"], p.get("head_dim"), p.get("router_zipf", 0.0))
 
 
 def write_from_params(path: Path, p: dict[str, Any]) -> Path:
@@ -304,7 +341,8 @@ def write_from_params(path: Path, p: dict[str, Any]) -> Path:
         return write_llama_gguf(path, p["n_layers"], p["d_model"], p["n_heads"], p["n_kv_heads"], p["d_ff"],
                                 p["vocab"], p["qtype"], p["seed"])
     return write_moe_gguf(path, p["n_layers"], p["d_model"], p["d_ff_expert"], p["n_experts"], p["top_k"],
-                          p["vocab"], p["qtype"], p["seed"], n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"])
+                          p["vocab"], p["qtype"], p["seed"], n_heads=p["n_heads"], n_kv_heads=p["n_kv_heads"],
+                          head_dim=p.get("head_dim"), router_zipf=p.get("router_zipf", 0.0))
 
 
 def cache_dir() -> Path:

@@ -108,10 +108,42 @@ def test_quantized_blocks_have_the_chosen_finite_scale(llama_path: Path) -> None
     assert t.data_offset % reader.alignment == 0
     raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, 18)
     scales = raw[:, :2].copy().view(np.float16).ravel()
-    assert np.isfinite(scales).all() and np.unique(scales).size == 1
-    assert scales[0] == np.float16(0.5 / np.sqrt(21.5 * D))
+    assert np.isfinite(scales).all() and np.unique(np.abs(scales)).size == 1
+    assert abs(scales[0]) == np.float16(0.5 / np.sqrt(21.5 * D))
     values = gguf.quants.dequantize(np.asarray(t.data), gguf.GGMLQuantizationType.Q4_0)
     assert np.isfinite(values).all() and 0 < np.abs(values).max() < 1
+    # the sign is random per block: Q4_0's random nibbles decode to -8..7 (mean -0.5), and one sign would add the
+    # same component to every token's hidden state (a MoE router then picked the same experts for every token)
+    assert 0.3 < np.mean(scales < 0) < 0.7
+    assert abs(values.mean()) < 0.05 * values.std()
+
+
+def test_moe_head_dim_and_router_locality(tmp_path: Path, moe_path: Path) -> None:
+    """Qwen3-MoE-like heads (head_dim apart from d_model / heads) and routers whose rows carry a per-layer
+    popularity: only the router tensors differ from the file without locality, and a session routes through
+    them."""
+    from uaii.runtime import Session
+
+    kw = dict(n_experts=N_EXPERTS, top_k=TOP_K, vocab=VOCAB, n_heads=HEADS, n_kv_heads=KV_HEADS, seed=3)
+    flat = synth.write_moe_gguf(tmp_path / "flat.gguf", LAYERS, D, D_FF_EXPERT, head_dim=48, **kw)
+    local = synth.write_moe_gguf(tmp_path / "local.gguf", LAYERS, D, D_FF_EXPERT, head_dim=48, router_zipf=1.5,
+                                 **kw)
+    a, b = gguf.GGUFReader(flat), gguf.GGUFReader(local)
+    assert int(a.fields["llama.attention.key_length"].parts[-1][0]) == 48
+    assert tuple(int(x) for x in next(t for t in a.tensors if t.name == "blk.0.attn_q.weight").shape) == (D, HEADS * 48)
+    for ta, tb in zip(a.tensors, b.tensors, strict=True):
+        same = np.array_equal(np.asarray(ta.data), np.asarray(tb.data))
+        assert same == ("ffn_gate_inp" not in ta.name), ta.name
+        if "ffn_gate_inp" in ta.name:
+            norms = np.linalg.norm(np.asarray(tb.data, np.float32), axis=1)
+            assert norms.max() / norms.min() > 2.0 ** 1.5      # rank 1 against rank >= 2: (r + 1) ** -1.5
+            assert np.isclose(np.mean(norms ** 2), np.mean(np.linalg.norm(np.asarray(ta.data), axis=1) ** 2),
+                              rtol=0.3)
+    with Session(local) as s:
+        res = s.generate(s.tokenize("Hello world"), max_new_tokens=3, ignore_eos=True)
+        assert len(res.tokens) == 3
+    with pytest.raises(ValueError, match="router_zipf"):
+        synth.write_moe_gguf(tmp_path / "bad.gguf", LAYERS, D, D_FF_EXPERT, router_zipf=-1.0, **kw)
 
 
 def test_same_seed_same_bytes(tmp_path: Path, llama_path: Path) -> None:
