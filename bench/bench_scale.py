@@ -198,6 +198,21 @@ def run_llama(box: int, python: Path, model: Path, ids: list[int], args: argpars
         ids_file.unlink()
 
 
+def llama_beside(box: int, model: Path, ours: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """llama.cpp on ``model`` in the box with UAII's prompt ids (:func:`run_llama`), given max(STALL_MIN_S,
+    STALL_FACTOR x UAII's run) before its default run counts as stalled."""
+    import llama_cpp_env
+    from bench_models import model_path
+
+    # the build's smoke test on a small model: the build does not depend on the model, and loading a model of
+    # several GB outside the box with llama.cpp's default repack would hold as much anonymous memory on the host
+    python, why_not = llama_cpp_env.ensure(model_path("smollm2"))
+    if python is None:
+        return {"error": f"no llama.cpp build: {why_not}"}
+    return run_llama(box, python, model, ours["prompt_ids"], args,
+                     stall_s=max(STALL_MIN_S, STALL_FACTOR * ours["wall_s"]))
+
+
 def fmt_gb(n: float) -> str:
     return f"{n / GB:.2f} GB"
 
@@ -288,16 +303,8 @@ def run_moe(box: int, args: argparse.Namespace) -> dict[str, Any]:
     theirs = None
     local = runs.get(f"zipf {args.moe_zipf:g}, cache auto", {})
     if not args.no_llama_cpp and "error" not in local:
-        import llama_cpp_env
-        from bench_models import model_path
-
-        python, why_not = llama_cpp_env.ensure(model_path("smollm2"))
-        if python is None:
-            theirs = {"error": f"no llama.cpp build: {why_not}"}
-        else:
-            largs = argparse.Namespace(**{**vars(args), "gen_tokens": args.moe_gen_tokens})
-            theirs = run_llama(box, python, Path(local["path"]), local["prompt_ids"], largs,
-                               stall_s=max(STALL_MIN_S, STALL_FACTOR * local["wall_s"]))
+        largs = argparse.Namespace(**{**vars(args), "gen_tokens": args.moe_gen_tokens})
+        theirs = llama_beside(box, Path(local["path"]), local, largs)
         print(f"llama.cpp MoE: {'did not finish' if 'error' in theirs else 'finished'}", flush=True)
     return {"raw": raw, "runs": runs, "llama_cpp": theirs}
 
@@ -427,17 +434,7 @@ def run_dense(box: int, args: argparse.Namespace) -> dict[str, Any]:
     print(f"uaii: done in {ours['wall_s']:.0f} s", flush=True)
     theirs = None
     if not args.no_llama_cpp and "error" not in ours:
-        import llama_cpp_env
-        from bench_models import model_path
-
-        # the build's smoke test on a small model: the build does not depend on the model, and loading the 18 GB
-        # one outside the box with llama.cpp's default repack would hold ~18 GB of anonymous memory on the host
-        python, why_not = llama_cpp_env.ensure(model_path("smollm2"))
-        if python is None:
-            theirs = {"error": f"no llama.cpp build: {why_not}"}
-        else:
-            theirs = run_llama(box, python, model, ours["prompt_ids"], args,
-                               stall_s=max(STALL_MIN_S, STALL_FACTOR * ours["wall_s"]))
+        theirs = llama_beside(box, model, ours, args)
         print(f"llama.cpp: {'did not finish' if 'error' in theirs else 'finished'}", flush=True)
     report(raw, ours, theirs, box)
     return {"raw": raw, "uaii": ours, "llama_cpp": theirs}

@@ -9,9 +9,10 @@
  *          order as a decode row, so that prefill and decode give the same bits (a model amplifies a last-bit
  *          difference layer by layer through its activation quantizers): the wide GEMV kernels take 1-15
  *          activation rows in their tiles, and 16 or more of Q4_0/Q5_0 run their per-pair operations with the
- *          activation rows in the lanes (tilerl, x86_wbatch.inc); small batches (2-8 rows: batched decode steps) of the legacy types take the multi-row
- *          dot (dotqm: the activation rows in the 8-block form, each weight group unpacked into the same slices
- *          in registers once for 4 rows, no weight scratch, no horizontal sums); larger batches of the
+ *          activation rows in the lanes (tilerl, x86_wbatch.inc); small batches (2-8 rows: batched decode steps)
+ *          of the legacy types take the multi-row dot (dotqm: the activation rows in the 8-block form, each
+ *          weight group unpacked into the same slices in registers once for 4 rows, no weight scratch, no
+ *          horizontal sums); larger batches of the
  *          types with a direct dot pack a chunk of weight rows into the 8-block form
  *          (x86_pack8.inc) once and run tile8 over every activation row, which repeats the dot's sums; the
  *          others (scalar, NEON) repack the chunk into the tile form (repack.c), which decode rows use too.
@@ -173,7 +174,7 @@ static void prep_row(gemm_ctx *c, int64_t j) {
     float *ad = c->ad + j * nb, *as = c->as + j * nb;
     uk_kt.quant_act(c->x + j * c->ldx, k, aq, ad, as);
     if (c->prep) uk_kt.gprep[c->type](k, aq, ad, as, c->prep + j * c->prep_stride);
-    if (c->aw) uk_kt.rlprep(nb, aq, ad, (int)(j % 16), c->aw + j / 16 * c->aw_stride);
+    if (c->aw) uk_kt.rlprep(nb, aq, ad, (int)(j % UK_WB_TILE), c->aw + j / UK_WB_TILE * c->aw_stride);
     if (c->a8) uk_aprep8(k, aq, ad, as, c->a8 + j * c->a8_stride);
 }
 
@@ -189,9 +190,10 @@ static int prep_activations(gemm_ctx *c, int nthreads) {
         c->aq16 = (int16_t *)aq;
     } else if (wbatch_for(c->type, k, m)) {          /* see int_chunk; the rows past the batch read as zeros */
         c->aw_stride = nb * UK_WB_ABLOCK;
-        c->aw = uk_scratch(UK_SLOT_SHARED2, (size_t)((m + 15) / 16 * c->aw_stride));
+        c->aw = uk_scratch(UK_SLOT_SHARED2, (size_t)((m + UK_WB_TILE - 1) / UK_WB_TILE * c->aw_stride));
         if (!c->aw) return UK_E_NOMEM;
-        for (int64_t j = m; j % 16; j++) uk_kt.rlprep(nb, NULL, NULL, (int)(j % 16), c->aw + j / 16 * c->aw_stride);
+        for (int64_t j = m; j % UK_WB_TILE; j++)
+            uk_kt.rlprep(nb, NULL, NULL, (int)(j % UK_WB_TILE), c->aw + j / UK_WB_TILE * c->aw_stride);
     } else if (wide_for(c->type, k)) {               /* decode rows and batches (see int_chunk) */
         c->prep_stride = (int64_t)(UK_GPREP_BYTES(k) + 63) / 64 * 64;
         c->prep = uk_scratch(UK_SLOT_SHARED2, (size_t)(m * c->prep_stride));

@@ -160,6 +160,7 @@ typedef void (*uk_gprep_fn)(int64_t k, const int8_t *aq, const float *ad, const 
 #define UK_GPREP_BYTES(k) ((size_t)(k) * 2 + 512)
 #define UK_WB_BLOCK 64       /* row-lane form (rlpack): bytes per weight block */
 #define UK_WB_ABLOCK 576     /* a tile of 16 activation rows (rlprep): bytes per block */
+#define UK_WB_TILE 16        /* activation rows per tile (rlprep, tilerl): the 16 lanes of a vector */
 #define UK_WB_MIN_M 16       /* the fewest activation rows that take tilerl */
 typedef void (*uk_qact_fn)(const float *x, int64_t k, int8_t *q, float *d, float *s);
 /* The 16-bit activation form (act16 types, uk_gemm mode 2): per 32 values q = round-half-even(x * 32767 / amax)

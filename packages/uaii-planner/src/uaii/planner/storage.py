@@ -310,9 +310,11 @@ def _fill(uses: Sequence[WeightUse], groups: Sequence[str], pinned: set[str], fi
     run of streamed layers at the end can only be read while they compute (the staging pool holds about one step
     ahead). When the spread set does not fit (layers of unequal sizes), the execution-order set is kept.
 
-    Then single weights fill what is left (:func:`_fill_tensors`). Groups with MoE expert banks come last, whole:
-    pinning such a layer saves only top_k / n_experts of its banks' bytes per token, where a dense weight pinned
-    saves all of its bytes, so the dense weights of every layer are pinned before any bank."""
+    Then single weights fill what is left (:func:`_fill_tensors`). With the auto expert cache (``expert_cache_bytes``
+    0) the rest is the cache's (:func:`auto_expert_cache`) and no group with MoE expert banks is pinned; with an
+    explicit cache such groups come last, whole: pinning such a layer saves only top_k / n_experts of its banks'
+    bytes per token, where a dense weight pinned saves all of its bytes, so the dense weights of every layer are
+    pinned before any bank."""
     start = set(pinned)
     moe = {u.group for u in uses if u.expert}
     for g in groups:
