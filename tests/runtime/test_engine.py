@@ -295,6 +295,39 @@ def test_aevents_does_not_block_the_event_loop(session: Session, engine: Engine,
     assert ticks > N  # the loop ran between the events
 
 
+def test_a_decode_step_wakes_each_event_loop_once(session: Session, engine: Engine,
+                                                  solo: dict[str, list[int]]) -> None:
+    """4 streams consumed on one event loop: the worker wakes that loop once per step for all 4 tokens (each
+    wake-up is a write to the loop's wake-up fd and a turn of the loop, on the cores that decode), not once per
+    token; the tokens are still every stream's own."""
+    async def main() -> tuple[list[list[int]], int]:
+        loop = asyncio.get_running_loop()
+        calls = 0
+        plain = loop.call_soon_threadsafe
+
+        def counting(*args: Any, **kw: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return plain(*args, **kw)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        handles = [engine.submit(_req(session, p)) for p in PROMPTS[:4]]
+
+        async def consume(h: Any) -> list[int]:
+            return [e.token_id async for e in h.aevents() if e.token_id is not None]
+
+        ids = await asyncio.gather(*(consume(h) for h in handles))
+        return list(ids), calls
+
+    steps_before = engine.stats()["decode_steps"]
+    ids, calls = asyncio.run(main())
+    assert ids == [solo[p] for p in PROMPTS[:4]]
+    steps = engine.stats()["decode_steps"] - steps_before
+    # per step one call for all rows; the first tokens come from prefill iterations (one call each), and the
+    # requests' last events from the steps that end them: fewer calls than tokens by far
+    assert steps >= N - 1 and calls <= steps + 4 + 4, (calls, steps)
+
+
 def test_close_cancels_everything_and_refuses_more(session: Session) -> None:
     eng = Engine(session, max_sequences=2)
     hs = [eng.submit(_req(session, p, 200)) for p in PROMPTS[:4]]  # two active, two queued

@@ -198,10 +198,10 @@ def test_without_the_extra_the_command_names_it(monkeypatch: pytest.MonkeyPatch,
     for name in [m for m in sys.modules if m == "uaii.runtime.serve" or m.startswith("uaii.runtime.serve.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.delattr(uaii.runtime, "serve", raising=False)
-    monkeypatch.setitem(sys.modules, "sse_starlette", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "pydantic", None)  # as if not installed
     assert main(["serve", str(smollm2_path)]) == 1
     err = capsys.readouterr().err
-    assert "sse_starlette is not installed" in err and "pip install 'uaii-runtime[serve]'" in err
+    assert "pydantic is not installed" in err and "pip install 'uaii-runtime[serve]'" in err
     assert len(err.strip().splitlines()) == 1
 
 

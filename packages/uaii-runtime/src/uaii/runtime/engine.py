@@ -121,9 +121,11 @@ class Job:
     """A request inside the engine: the consumer's side (event queue, cancel flag, result) and the worker's
     (sequence, sampler, text stream, progress). ``lock`` makes "no event after cancel" exact."""
 
-    def __init__(self, req: GenRequest, wake: Callable[[], None]) -> None:
+    def __init__(self, req: GenRequest, wake: Callable[[], None],
+                 defer: Callable[[Job], bool] | None = None) -> None:
         self.req = req
         self._wake = wake
+        self._defer = defer  # the engine's: True when it wakes this job's waiters itself, after the step
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.cancelled = False
@@ -150,7 +152,7 @@ class Job:
             if self.cancelled or self.done.is_set():
                 return
             self.events.put(event)
-        self._notify()
+        self._notify_soon()
 
     def finish(self, event: Event, result: Result) -> None:
         with self.lock:
@@ -159,7 +161,7 @@ class Job:
             self.result = result
             self.events.put(event)
             self.done.set()
-        self._notify()
+        self._notify_soon()
 
     def cancel(self) -> None:
         with self.lock:
@@ -182,12 +184,32 @@ class Job:
         with self.lock, contextlib.suppress(ValueError):
             self._waiters.remove((loop, flag))
 
-    def _notify(self) -> None:
+    def waiters(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
         with self.lock:
-            waiters = list(self._waiters)
-        for loop, flag in waiters:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(flag.set)
+            return list(self._waiters)
+
+    def _notify_soon(self) -> None:
+        if self._defer is None or not self._defer(self):
+            self._notify()
+
+    def _notify(self) -> None:
+        wake_waiters(self.waiters())
+
+
+def wake_waiters(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+    """Set each asyncio waiter's flag in its own loop: one ``call_soon_threadsafe`` per loop, whatever the number
+    of flags (each call writes the loop's wake-up fd and costs the loop a wake-up)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    for loop, flag in waiters:
+        by_loop.setdefault(loop, []).append(flag)
+    for loop, flags in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_set_flags, flags)
+
+
+def _set_flags(flags: list[asyncio.Event]) -> None:
+    for flag in flags:
+        flag.set()
 
 
 class Handle:
@@ -281,6 +303,7 @@ class Engine:
                         "prompt_tokens_total": 0, "completion_tokens_total": 0, "decode_steps": 0}
         self._hist: dict[int, int] = {}  # decode steps by batch size
         self._recent: deque[tuple[float, int, float]] = deque()  # (end time, tokens, seconds) of decode steps
+        self._to_notify: list[Job] = []  # the worker's: jobs with new events, woken once per step (_flush_notify)
         self._thread = threading.Thread(target=self._worker, name="uaii-engine", daemon=True)
         self._thread.start()
 
@@ -294,7 +317,7 @@ class Engine:
         """Queue ``req``; its events come through the returned :class:`Handle`. Checked first (EngineError, nothing
         queued): the prompt and ``max_tokens`` must fit the context, ids must be in the vocabulary."""
         self._validate(req)
-        job = Job(req, self._wake)
+        job = Job(req, self._wake, self._defer_notify)
         with self._cv:
             if self._closing:
                 raise EngineError("[serve] the engine is closed; it takes no more requests")
@@ -372,6 +395,20 @@ class Engine:
         with self._cv:
             self._cv.notify_all()
 
+    def _defer_notify(self, job: Job) -> bool:
+        """Events the worker emits wake their asyncio consumers after the step, all of one loop in one wake-up
+        (a decode step of N rows is N events): True when deferred. Any other thread's wake-up (a cancel) is at
+        once."""
+        if threading.current_thread() is not self._thread:
+            return False
+        self._to_notify.append(job)
+        return True
+
+    def _flush_notify(self) -> None:
+        if self._to_notify:
+            jobs, self._to_notify = self._to_notify, []
+            wake_waiters([w for job in dict.fromkeys(jobs) for w in job.waiters()])
+
     # --- the worker -------------------------------------------------------------------------------------------
     def _worker(self) -> None:
         while True:
@@ -385,6 +422,8 @@ class Engine:
             except Exception as exc:  # a bug: never a silent death of the worker
                 log.exception("[serve] engine step failed; failing the active requests")
                 self._fail_all(f"[serve] internal error in the engine: {type(exc).__name__}: {exc}")
+            finally:
+                self._flush_notify()
         for job in list(self._active):
             self._drop(job)
         with self._cv:
@@ -406,6 +445,7 @@ class Engine:
         self._reap()
         self._admit()
         self._prefill_some()
+        self._flush_notify()  # first tokens go out before the decode step
         self._reap()
         decoding = [j for j in self._active if j.pending is not None]
         if decoding:

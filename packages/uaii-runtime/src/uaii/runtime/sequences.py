@@ -108,6 +108,7 @@ class SequencesMixin:
     _batch_rows: int
     _batch_extra: int
     _batch_refused: bool
+    _sequence_bytes: int | None
     if TYPE_CHECKING:  # provided by Session
         _guard: Any
         _exe: Executable | None
@@ -144,6 +145,7 @@ class SequencesMixin:
         self._batch_rows = 0  # rows the batched executable was compiled for
         self._batch_extra = 0  # bytes it allocates beyond the session's executable (budget.executable_extra)
         self._batch_refused = False  # it did not fit the budget: decode runs one pass per sequence
+        self._sequence_bytes: int | None = None  # sequence_bytes, counted once
 
     @property
     def batched_decode(self) -> bool:
@@ -200,8 +202,10 @@ class SequencesMixin:
         """Bytes one sequence's KV state holds at capacity (the session's own state's size; 0 for an encoder)."""
         if not self._bundle.generative:
             return 0
-        o = self.options
-        return kv_cache_bytes(self.graph, kv_slots(o, self.context), o.kv_dtype)
+        if self._sequence_bytes is None:  # the graph's type analysis: once (the engine asks per admission)
+            o = self.options
+            self._sequence_bytes = kv_cache_bytes(self.graph, kv_slots(o, self.context), o.kv_dtype)
+        return self._sequence_bytes
 
     def _budget_limit(self) -> int:
         """The host budget the session is held to (0: none; a budget without streaming is not enforced)."""

@@ -105,6 +105,7 @@ class CpuExecutable:
         self.gemm_mode = GEMM_MODES[gemm]
         self.graph = graph
         self._kv_per_token: int | None = None
+        self._weight_bytes: tuple[tuple[int, int, int], int] | None = None  # memory(): (sizes it was counted at, bytes)
         self.output_projections = output_projections(graph) if gemm == "fast" else frozenset()
         self.infos = infos
         self.max_tokens = max(int(max_tokens), 1)
@@ -240,15 +241,18 @@ class CpuExecutable:
         """What this executable holds (Executable.memory): the arena as allocated, the distinct bytes of weight
         data it references (bound weights, acquired expert slices, cached conversions; views of one buffer count
         once), and what streaming reads through (StreamingWeights.staging_bytes)."""
-        arrays = [w.raw for w in self._weights.values()]
-        arrays += self._acquired
-        for v in self._cache.values():
-            arrays += _arrays_of(v)
+        grown = (len(self._weights), len(self._acquired), len(self._cache))  # they only grow, until close()
+        if self._weight_bytes is None or self._weight_bytes[0] != grown:  # the engine asks per admission
+            arrays = [w.raw for w in self._weights.values()]
+            arrays += self._acquired
+            for v in self._cache.values():
+                arrays += _arrays_of(v)
+            self._weight_bytes = (grown, distinct_bytes(arrays))
         if self._kv_per_token is None:  # the graph's type analysis (~0.5 ms): once; the engine asks per admission
             self._kv_per_token = kv_bytes_per_token(self.graph)  # f32: what the runtime's budget counts by too
         per_token = self._kv_per_token
         staging = self.streaming.staging_bytes() if self.streaming is not None else 0
-        return ExecutableMemory(arena_bytes=self.arena_bytes, weight_bytes=distinct_bytes(arrays),
+        return ExecutableMemory(arena_bytes=self.arena_bytes, weight_bytes=self._weight_bytes[1],
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="host")
 
     def _bind(self, shapes: dict[str, tuple[int, ...]], slot: KVSlot | None,
@@ -500,6 +504,7 @@ class CpuExecutable:
                 self._source.release(ref)
         self._acquired.clear()
         self._weights.clear()
+        self._weight_bytes = None
         self._arena = np.empty(0, np.uint8)
         self.closed = True
 

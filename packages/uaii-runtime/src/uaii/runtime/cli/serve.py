@@ -9,6 +9,8 @@ prints the port the system chose.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import socket
 import sys
 from importlib import import_module
@@ -82,10 +84,28 @@ def cmd_serve(args: argparse.Namespace, ctx: Context) -> int:
         config = uvicorn.Config(serve.create_app(state), log_level="info" if debug else "warning",
                                 access_log=debug, lifespan="on", loop=loop, http=http,
                                 timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+        stopping_server(uvicorn, config, state).run(sockets=[sock])
     finally:
         sock.close()
     return 0
+
+
+def stopping_server(uvicorn: Any, config: Any, state: Any) -> Any:
+    """uvicorn's Server that closes the served model on the first exit signal (Ctrl-C, SIGTERM): the engine ends
+    every request at once, so a stream ends with its ``model_unloaded`` error frame and ``[DONE]`` and a plain
+    request with a 503 (docs/serve.md), instead of decoding on through uvicorn's graceful wait and being cut. The
+    close runs as an event-loop callback, not inside the signal handler (which may interrupt code holding a lock
+    the engine's worker needs while close() joins it)."""
+
+    class StoppingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first:
+                with contextlib.suppress(RuntimeError):  # no loop running (not started yet): nothing to end
+                    asyncio.get_running_loop().call_soon_threadsafe(state.close)
+
+    return StoppingServer(config)
 
 
 def server_stack() -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """uaii.runtime.serve — `uaii serve`: an OpenAI-compatible HTTP server over one loaded model (and the dashboard).
 
-It needs the ``serve`` extra (starlette, uvicorn, sse-starlette, pydantic). Importing this package without it is
+It needs the ``serve`` extra (starlette, uvicorn, pydantic). Importing this package without it is
 an ImportError whose message names the extra, so `uaii serve` can say what to install instead of crashing deep
 inside an import; nothing else in uaii.runtime imports it.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 EXTRA = "pip install 'uaii-runtime[serve]'"
-REQUIRED = ("starlette", "uvicorn", "sse_starlette", "pydantic")
+REQUIRED = ("starlette", "uvicorn", "pydantic")
 
 _missing = [name for name in REQUIRED if find_spec(name) is None]
 if _missing:

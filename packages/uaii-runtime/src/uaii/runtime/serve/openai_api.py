@@ -4,8 +4,8 @@
 A generation request is parsed (schemas.py), its model found or loaded (state.py), its prompt tokenized in a
 worker thread (a 4 MiB prompt must not stall the event loop), checked against the limits, and submitted to the
 model's Engine; the reply is the Engine's events, shaped by :class:`Reply` into one JSON body or into SSE chunks
-(``data: {json}`` frames ending with ``data: [DONE]``, framed by sse-starlette). The request's sequence is
-cancelled as soon as its client is gone, streaming or not.
+(``data: {json}`` frames ending with ``data: [DONE]``, sent by serve/sse.py; a token's frame comes from a template,
+Reply.text_frame). The request's sequence is cancelled as soon as its client is gone, streaming or not.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -30,6 +29,7 @@ from uaii.runtime.sampling import SamplingError, SamplingParams
 from .errors import ApiError, error_body
 from .reply import Reply
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
+from .sse import SseResponse, frame
 from .state import Lease, LoadedModel, ServerState
 
 # OpenAI's defaults where the request says nothing
@@ -255,14 +255,13 @@ async def _reply(request: Request, body: Any, kind: str, prompt_of: Any, logprob
     prompt_text = prompt_text if isinstance(prompt_text, str) else ""
     reply = Reply(kind, loaded.name, loaded.session, logprobs is not None, include_usage, len(prompt_text))
     if body.stream:
-        async def client_left(message: Any) -> None:
+        def client_left() -> None:
             left.append(True)
             handle.cancel()
             lease.release()  # also in _sse's finally: a generator that never started has no finally to run
 
         left: list[bool] = []
-        return EventSourceResponse(_sse(handle, reply, lease, left), sep="\n",
-                                   client_close_handler_callable=client_left)
+        return SseResponse(_sse(handle, reply, lease, left), on_disconnect=client_left)
     events = await _collect(handle, request)
     failed = next((e for e in events if e.finish_reason == "error"), None)
     if failed is not None:  # a pass failed (the engine said why); the server goes on with the others
@@ -270,27 +269,31 @@ async def _reply(request: Request, body: Any, kind: str, prompt_of: Any, logprob
     return JSONResponse(reply.response(events))
 
 
-async def _sse(handle: Any, reply: Reply, lease: Lease, left: list[bool]) -> AsyncIterator[str]:
-    """The SSE frames' data; the sequence is cancelled and the model's lease given back however the stream ends (a
+async def _sse(handle: Any, reply: Reply, lease: Lease, left: list[bool]) -> AsyncIterator[bytes]:
+    """The SSE frames; the sequence is cancelled and the model's lease given back however the stream ends (a
     client that left included). Events that stop without a finish reason while the client is there mean the engine
-    ended the request (an unload, a shutdown): an error frame says so before ``[DONE]``."""
+    ended the request (an unload, a shutdown): an error frame says so before ``[DONE]``. A token's frame is
+    :meth:`Reply.text_frame` when it carries text alone (most of them): no dict is built per token."""
     try:
         for chunk in reply.opening():
-            yield json.dumps(chunk)
+            yield frame(json.dumps(chunk))
         async for event in handle.aevents():
             if event.finish_reason == "error":  # OpenAI streams a failure as an error frame
-                yield json.dumps(error_body(500, event.error or "the generation failed", "generation_failed"))
+                yield frame(json.dumps(error_body(500, event.error or "the generation failed", "generation_failed")))
                 break
+            if event.text and event.finish_reason is None and not reply.logprobs:
+                yield frame(reply.text_frame(event.text))
+                continue
             for chunk in reply.chunks(event):
-                yield json.dumps(chunk)
+                yield frame(json.dumps(chunk))
         else:
             if not reply.finished and not left:  # ended by the engine, not by its client
-                yield json.dumps(reply.cut_short_frame())
-                yield "[DONE]"
+                yield frame(json.dumps(reply.cut_short_frame()))
+                yield frame("[DONE]")
                 return
         for chunk in reply.closing():
-            yield json.dumps(chunk)
-        yield "[DONE]"
+            yield frame(json.dumps(chunk))
+        yield frame("[DONE]")
     finally:
         handle.cancel()
         lease.release()

@@ -14,6 +14,7 @@ before ``[DONE]`` (:meth:`Reply.cut_short`), never a quiet ``finish_reason: "sto
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -69,6 +70,7 @@ class Reply:
         self.offset = text_start
         self.usage: Any = None
         self.finished = False  # a chunk with the finish reason went out
+        self._text_template: tuple[str, str] | None = None
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -107,6 +109,15 @@ class Reply:
             return {**self._head("chat.completion.chunk"), "choices": [choice], "usage": None}
         choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice], "usage": None}
+
+    def text_frame(self, text: str) -> str:
+        """``json.dumps`` of the chunk that carries ``text`` alone (no logprobs, no finish reason), from a template
+        made once: the same bytes as the dict's, without building and encoding the dict per token."""
+        if self._text_template is None:
+            marker = "\x00uaii-text\x00"
+            head, tail = json.dumps(self._chunk(marker, None, None)).split(json.dumps(marker))
+            self._text_template = head, tail
+        return self._text_template[0] + json.dumps(text) + self._text_template[1]
 
     def opening(self) -> list[dict[str, Any]]:
         if not self.chat:
