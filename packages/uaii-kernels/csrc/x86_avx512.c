@@ -9,6 +9,7 @@
 #define UK_LOAD_F16(p) _cvtsh_ss(*(p))
 #define UK_VNNI 2
 #define UK_ATTN_HEADS 4   /* 32 vector registers: see x86_ops.inc */
+#define UK_ATTN_ZMM       /* its attention dots and weighted sums in 16-float registers */
 #include "ops_impl.inc"
 #include "x86_ops.inc"
 #include "x86_quant.inc"
