@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from repo_scripts import load_script
 
@@ -166,6 +167,48 @@ def test_moe_streams_top_k_experts_through_the_expert_cache(moe_path: Path) -> N
         small = s.storage_stats()["expert_cache"]
         assert small["used_bytes"] <= small["budget_bytes"] < big and small["misses"] > first["misses"]
         assert small["budget_bytes"] == s.plan.storage.expert_cache_bytes  # the plan counts the cache it gets
+
+
+@pytest.fixture(scope="module")
+def moe_experts_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Experts ~90 % of the weights, as in real MoE checkpoints: under half the weights as a budget the dense
+    weights are pinned and the expert cache gets the rest."""
+    path = tmp_path_factory.mktemp("synth") / "moe_experts.gguf"
+    synth = load_script("bench/synth_gguf.py", "synth_gguf")
+    return Path(synth.write_moe_gguf(path, 2, 256, 256, n_experts=16, top_k=2, vocab=768, qtype="q8_0", seed=5))
+
+
+def test_the_auto_expert_cache_makes_room_for_sequences_and_the_batched_pass(moe_experts_path: Path) -> None:
+    """Under a budget the expert cache is what the budget leaves (expert_cache_bytes 0): it must give back what
+    more sequences and the batched executable need, or a second sequence would never be admitted and batched
+    decode would be refused (decoding one sequence per pass, every dense weight read once per sequence). It
+    shrinks by what is missing, the batched pass runs, tokens are each sequence's own, the session stays in its
+    budget, and released sequences' bytes go back to the cache."""
+    with Session(moe_experts_path, **MOE_OPTS) as s:
+        assert s.model_info is not None
+        budget = s.model_info.weight_bytes // 2
+        prompts = [MOE_IDS, MOE_IDS[::-1], [2, 4, 6], [7, 7, 8, 9]]
+        solo = [list(s.generate(p, max_new_tokens=6, ignore_eos=True).tokens) for p in prompts]
+    with Session(moe_experts_path, budget_bytes=budget, **MOE_OPTS) as s:
+        cache = s.storage_stats()["expert_cache"]
+        planned = cache["budget_bytes"]
+        assert planned == s.plan.storage.expert_cache_bytes and s.memory_bytes() > budget - s.sequence_bytes
+        assert s.sequence_fits()  # the cache gave a sequence's KV state back
+        seqs = [s.new_sequence() for _ in prompts]
+        logits = [s.prefill(q, p) for q, p in zip(seqs, prompts, strict=True)]
+        out: list[list[int]] = [[int(np.argmax(x))] for x in logits]
+        for _ in range(5):
+            rows = s.decode(seqs, [o[-1] for o in out])
+            assert s.batched_decode  # one pass for the four: the batched executable fit
+            for o, row in zip(out, rows, strict=True):
+                o.append(int(np.argmax(row)))
+        assert out == solo
+        shrunk = s.storage_stats()["expert_cache"]["budget_bytes"]
+        assert shrunk < planned and s.memory_bytes() <= budget
+        for q in seqs:
+            s.release(q)
+        back = s.storage_stats()["expert_cache"]["budget_bytes"]
+        assert shrunk < back <= planned and s.memory_bytes() <= budget
 
 
 # --- peak RSS ---------------------------------------------------------------------------------------------------

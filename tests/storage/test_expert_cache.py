@@ -71,6 +71,31 @@ def test_buffers_are_reused_and_requests_stay_in_budget(moe: tuple[WeightFile, i
             cache.get_many([_ref(0, e) for e in range(4)])
 
 
+def test_resize_evicts_the_least_recently_used_and_keeps_its_bounds(moe: tuple[WeightFile, int]) -> None:
+    """A session whose cache is what its budget leaves gives bytes back (another sequence, the batched
+    executable) and takes them back: resize evicts LRU experts until the cache fits, never below one step's
+    experts (min_bytes) nor above the budget it was made with."""
+    wf, _ = moe
+    with StreamingStore(wf.index, MiB) as store:
+        slot = store.buffer_bytes(_ref(0, 0))
+        cache = ExpertCache(store, 4 * slot, min_bytes=slot)
+        cache.get_many([_ref(0, e) for e in (0, 1, 2, 3)])
+        cache.get(_ref(0, 0))  # now 1 is the least recently used
+        cache.resize(2 * slot + slot // 2)
+        assert len(cache) == 2 and _ref(0, 0) in cache and _ref(0, 3) in cache and cache.used_bytes <= 2.5 * slot
+        assert cache.evictions == 2 and cache.budget_bytes == 2 * slot + slot // 2
+        cache.resize(4 * slot)  # growing back evicts nothing
+        assert len(cache) == 2 and cache.budget_bytes == 4 * slot
+        assert cache.get(_ref(0, 0)).tobytes() == wf.expected(store.location(_ref(0, 0)))  # still right, no I/O
+        with pytest.raises(StorageError, match="cannot shrink"):
+            cache.resize(slot - 1)
+        with pytest.raises(StorageError, match="cannot grow"):
+            cache.resize(4 * slot + 1)
+        cache.resize(slot)
+        assert len(cache) == 1 and cache.used_bytes <= slot
+        assert [v.tobytes() for v in cache.get_many([_ref(1, 2)])] == [wf.expected(store.location(_ref(1, 2)))]
+
+
 def test_cache_over_mmap_store(moe: tuple[WeightFile, int]) -> None:
     wf, per = moe
     with MmapStore(wf.index) as store:

@@ -73,7 +73,7 @@ def _with_pins(store: Any, storage: Any, graph: Any, o: SessionOptions, streamed
                         "weights (%d bytes); the cache holds one", o.expert_cache_bytes, one)
         # the plan counts the cache in the budget (at least one expert of each bank; experts are never staged)
         budget = max(storage.expert_cache_bytes, o.expert_cache_bytes, one)
-        cache = ExpertCache(store, budget)
+        cache = ExpertCache(store, budget, min_bytes=one)
     return store, {"streamed": streamed, "prefetch_order": storage.prefetch_order, "expert_cache": cache,
                    "chunk_bytes": max(storage.staging_buffers, default=0)}
 

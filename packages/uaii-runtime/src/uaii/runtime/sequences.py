@@ -228,9 +228,43 @@ class SequencesMixin:
 
     def sequence_fits(self) -> bool:
         """Whether one more sequence's KV state fits the memory budget beside what the session holds now (always
-        without a budget). The engine admits a request only then; otherwise it waits for memory to free."""
+        without a budget); when the MoE expert cache is the budget's remainder (``expert_cache_bytes`` 0) it
+        gives back what is missing, down to one step's experts (:meth:`_make_room`). The engine admits a request
+        only then; otherwise it waits for memory to free."""
+        if not self._budget_limit():
+            return True
+        with self._guard.hold("make room for a sequence"):
+            return self._make_room(self.sequence_bytes)
+
+    def _auto_cache(self) -> Any:
+        """The expert cache when it is what the budget leaves (the planner's auto size), else None."""
+        cache = self._stream_kw.get("expert_cache")
+        return cache if cache is not None and not self.options.expert_cache_bytes else None
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit the budget beside what the session holds. The auto expert cache is the
+        budget's remainder, so it shrinks by what is missing (evicting its least recently used experts) as long as
+        it keeps one step's experts: under a budget the cache must not leave no room for a second sequence or the
+        batched executable. The caller holds the guard (no pass reads the cache meanwhile)."""
         limit = self._budget_limit()
-        return not limit or self.memory_bytes() + self.sequence_bytes <= limit
+        short = self.memory_bytes() + nbytes - limit if limit else 0
+        if short <= 0:
+            return True
+        cache = self._auto_cache()
+        if cache is None or cache.budget_bytes - cache.min_bytes < short:
+            return False
+        cache.resize(cache.budget_bytes - short)
+        return True
+
+    def _regrow_cache(self) -> None:
+        """The auto expert cache takes back what the budget leaves, up to its planned size (after memory freed).
+        Growing evicts nothing, so it is safe while a pass runs."""
+        cache, limit = self._auto_cache(), self._budget_limit()
+        if cache is None or not limit or cache.budget_bytes >= cache.max_bytes:
+            return
+        free = limit - self.memory_bytes()
+        if free > 0:
+            cache.resize(min(cache.max_bytes, cache.budget_bytes + free))
 
     def _shared_staging(self) -> int:
         """Staging that every executable of the session shares: the store's staging pool and the expert cache."""
@@ -249,6 +283,7 @@ class SequencesMixin:
         with self._guard.hold("make a sequence"):
             self._generative("make a sequence")
             assert self._exe is not None
+            self._make_room(self.sequence_bytes)  # the auto expert cache gives room when it can; never refused here
             seq = Sequence(self, self._new_kv_state(self._exe))
             self._sequences.add(seq)
             return seq
@@ -260,6 +295,7 @@ class SequencesMixin:
         self._own(seq)
         seq.closed = True
         seq.state = None
+        self._regrow_cache()
 
     def prefill(self, seq: Sequence, ids: Iterable[int],
                 on_prefill: Callable[[int, int], object] | None = None) -> np.ndarray:
@@ -387,8 +423,8 @@ class SequencesMixin:
         limit = self._budget_limit()
         if limit and self._exe is not None:
             extra = executable_extra(self._exe.memory(), exe.memory(), self._shared_staging())
-            room = limit - self.memory_bytes()
-            if extra > room:
+            if not self._make_room(extra):
+                room = limit - self.memory_bytes()
                 exe.close()
                 self._batch_refused = True
                 log.warning("[runtime] batched decode needs %d more bytes than the budget leaves (%d of %d); "

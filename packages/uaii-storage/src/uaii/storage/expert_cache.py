@@ -3,7 +3,8 @@
 After routing, a layer asks for its top-k experts with ``get_many``: hits are served from memory without I/O,
 misses are read in parallel through the store's I/O threads straight into cache memory (no staging copy), and
 the least recently used experts are evicted until the budget holds. The buffer of an evicted expert is reused
-for the next miss that fits in it, so a warm cache of same-sized experts allocates nothing.
+for the next miss that fits in it, so a warm cache of same-sized experts allocates nothing. ``resize`` changes the
+budget (between ``min_bytes`` and the budget it was made with), evicting as needed.
 
 A view returned by ``get``/``get_many`` is valid until a later call evicts that expert; the experts requested
 by one call are never evicted by that same call.
@@ -74,11 +75,13 @@ class ExpertCache:
 
     def __init__(self, store: ExpertSource, budget_bytes: int, *,
                  layer_of: Callable[[str], str] = default_layer_of,
-                 telemetry_name: str = "expert_cache") -> None:
+                 telemetry_name: str = "expert_cache", min_bytes: int = 0) -> None:
         if budget_bytes < 0:
             raise StorageError(f"expert cache budget must be >= 0, found {budget_bytes}")
         self.store = store
         self.budget_bytes = budget_bytes
+        self.min_bytes = min(min_bytes, budget_bytes)  # the smallest budget resize() accepts (one step's experts)
+        self.max_bytes = budget_bytes  # the largest: the budget it was made with (what its owner counted for it)
         self._layer_of = layer_of
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._layers: dict[str, _LayerStats] = {}
@@ -108,6 +111,33 @@ class ExpertCache:
             if misses:
                 self._load(misses, set(keys), layer)
             return [self._entries[k].view for k in keys]
+
+    def fits(self, refs: Sequence[Ref]) -> bool:
+        """Whether one :meth:`get_many` of ``refs`` can hold them all at once (their buffers together within the
+        budget): a MoE step then asks for all its routed experts in one call, its misses read in parallel."""
+        keys = dict.fromkeys(str(r) for r in refs)
+        with self._lock:
+            need = sum(self._entries[k].buf.nbytes if k in self._entries else self.store.buffer_bytes(k)
+                       for k in keys)
+        return need <= self.budget_bytes
+
+    def resize(self, budget_bytes: int) -> None:
+        """Hold the cache to a new budget, evicting the least recently used experts until it fits: a session whose
+        cache is what its memory budget leaves gives bytes back when it needs them (another sequence's KV state, the
+        batched executable) and takes them back when they are freed. Not while a pass reads views of the cache: an
+        evicted expert's buffer is freed once no view holds it."""
+        if budget_bytes < self.min_bytes:
+            raise StorageError(f"the expert cache cannot shrink to {budget_bytes} bytes: one step's experts need "
+                               f"{self.min_bytes}", nbytes=self.min_bytes)
+        if budget_bytes > self.max_bytes:
+            raise StorageError(f"the expert cache cannot grow to {budget_bytes} bytes, past the {self.max_bytes} "
+                               "it was made with", nbytes=budget_bytes)
+        with self._lock:
+            self.budget_bytes = budget_bytes
+            while self.used_bytes > budget_bytes and self._entries:
+                _, entry = self._entries.popitem(last=False)
+                self.used_bytes -= entry.buf.nbytes
+                self.evictions += 1
 
     def __contains__(self, ref: object) -> bool:
         return str(ref) in self._entries

@@ -165,12 +165,16 @@ def _gemm(pw: PackedWeight, x: np.ndarray, y: np.ndarray, mode: int, where: str)
 
 
 ExpertWeights = Callable[[int], tuple[PackedWeight, PackedWeight, PackedWeight]]
+ExpertBatch = Callable[[list[int]], list[tuple[PackedWeight, PackedWeight, PackedWeight]] | None]
 
 
-def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where: str) -> Step:
+def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where: str,
+                experts_of: ExpertBatch | None = None) -> Step:
     """The expert loop of MoEExperts / MoEExpertsSwiGLU, for banks mapped whole (below) and for banks streamed
     through the expert cache (StreamingWeights): ``experts(e)`` gives expert e's (gate, up, down) weights, fetched
-    only for the experts the router picked. Each picked expert runs once over all of its tokens."""
+    only for the experts the router picked. Each picked expert runs once over all of its tokens. ``experts_of``,
+    when given, fetches all the picked experts at once (streamed banks: the cache reads their misses in parallel
+    instead of one expert's banks at a time between GEMMs) or says None when they do not fit together."""
     from uaii.kernels import glu
 
     node = info.node
@@ -190,8 +194,10 @@ def expert_step(b: Bind, info: NodeInfo, ff: int, experts: ExpertWeights, where:
         acc = np.zeros_like(x2, dtype=np.float32)
         idx = indices.reshape(x2.shape[0], -1)
         wts = weights.reshape(x2.shape[0], -1).astype(np.float32)
-        for e in np.unique(idx):
-            gate, up, down = experts(int(e))
+        picked = [int(e) for e in np.unique(idx)]
+        together = experts_of(picked) if experts_of is not None else None
+        for i, e in enumerate(picked):
+            gate, up, down = together[i] if together is not None else experts(e)
             tok, slot = np.nonzero(idx == e)
             n = tok.size
             np.take(x2, tok, axis=0, out=xs[:n])
@@ -225,4 +231,4 @@ def moe_experts(b: Bind, info: NodeInfo) -> list[Step]:
 EXTRA: dict[str, Any] = {"RoPE": rope, "Attention": attention, "MoERouter": moe_router, "MoEExperts": moe_experts,
                          "MoEExpertsSwiGLU": moe_experts}
 
-__all__ = ["EXTRA", "ExpertWeights", "expert_banks", "expert_step"]
+__all__ = ["EXTRA", "ExpertBatch", "ExpertWeights", "expert_banks", "expert_step"]

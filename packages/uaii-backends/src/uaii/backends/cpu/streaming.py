@@ -470,13 +470,22 @@ class StreamingWeights:
             n_exp, rows, cols = (int(d) for d in t.shape)
             banks.append((t.dtype, rows, cols, [str(t.weight.with_expert(e)) for e in range(n_exp)]))
 
-        def experts(e: int) -> tuple[PackedWeight, PackedWeight, PackedWeight]:
-            raws = cache.get_many([bank[3][e] for bank in banks])  # the cache's bytes, wrapped as they are
-            gate, up, down = (PackedWeight.from_raw(raw, dtype, (rows, cols))
+        def wrap(raws: list[Any]) -> tuple[PackedWeight, PackedWeight, PackedWeight]:
+            gate, up, down = (PackedWeight.from_raw(raw, dtype, (rows, cols))  # the cache's bytes, as they are
                               for raw, (dtype, rows, cols, _) in zip(raws, banks, strict=True))
             return gate, up, down
 
-        return [expert_step(b, info, banks[0][1], experts, f"node {node.name!r} (expert gemm)")]
+        def experts(e: int) -> tuple[PackedWeight, PackedWeight, PackedWeight]:
+            return wrap(cache.get_many([bank[3][e] for bank in banks]))
+
+        def experts_of(es: list[int]) -> list[tuple[PackedWeight, PackedWeight, PackedWeight]] | None:
+            refs = [bank[3][e] for e in es for bank in banks]
+            if not cache.fits(refs):
+                return None  # the smallest caches: one expert at a time
+            raws, n = cache.get_many(refs), len(banks)
+            return [wrap(raws[i * n:(i + 1) * n]) for i in range(len(es))]
+
+        return [expert_step(b, info, banks[0][1], experts, f"node {node.name!r} (expert gemm)", experts_of)]
 
 
 class _StreamedNode:
