@@ -43,7 +43,8 @@ LAYERS: dict[str, int] = {
     "capi": 4,
 }
 # Third-party modules whose distribution has another name (none of today's: numpy, cffi, flatbuffers, rich, ...).
-MODULE_DISTRIBUTIONS: dict[str, str] = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf"}
+MODULE_DISTRIBUTIONS: dict[str, str] = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf",
+                                        "cuda": "cuda-bindings"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,92 @@
+"""Launch geometry of the CUDA kernels: grid and block for each kernel family, from the problem's sizes.
+
+Why its own module: these are the host's only decisions that a wrong number turns into silent wrong results (rows
+never computed) or launch failures (a grid dimension past the device limit), and they are plain arithmetic — unit-
+tested on any machine (every row covered once, limits held), where the kernels themselves need a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from uaii.backends.base import BackendError
+from uaii.backends.cuda.sources import GEMV_ROWS
+
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+MAX_THREADS = 1024
+WARP = 32
+GEMV_WARPS = 4          # weight rows per GEMV block (one warp each)
+ELEMENTWISE = 256       # threads per block of the one-thread-per-item kernels
+NORM_BLOCK = 256        # ops.cu's UK_BLOCK: one block per row
+ATTN_KEYS = 128         # attn_scores' keys per block
+ATTN_SOFTMAX = 256      # attention.cu's UK_ATTN_BLOCK
+ATTN_VALUES = 128       # attn_wsum's output values per block
+
+
+@dataclass(frozen=True)
+class Launch:
+    """cuLaunchKernel's grid and block dimensions (x, y, z) and dynamic shared memory bytes."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int = 0
+
+    def __post_init__(self) -> None:
+        gx, gy, gz = self.grid
+        bx, by, bz = self.block
+        if min(*self.grid, *self.block) < 1:
+            raise BackendError(f"[cuda] empty launch: grid {self.grid}, block {self.block}")
+        if gx > MAX_GRID_X or gy > MAX_GRID_YZ or gz > MAX_GRID_YZ:
+            raise BackendError(f"[cuda] grid {self.grid} is past the device limits ({MAX_GRID_X}, {MAX_GRID_YZ}, "
+                               f"{MAX_GRID_YZ})")
+        if bx * by * bz > MAX_THREADS:
+            raise BackendError(f"[cuda] block {self.block} has more than {MAX_THREADS} threads")
+
+    @property
+    def threads(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2] * self.block[0] * self.block[1] * self.block[2]
+
+
+def _blocks(items: int, per: int) -> int:
+    return max(1, -(-items // per))
+
+
+def gemv(rows: int) -> Launch:
+    """gemv_<type>_m<M>: one warp per weight row, GEMV_WARPS rows per block."""
+    return Launch((_blocks(rows, GEMV_WARPS), 1, 1), (WARP, GEMV_WARPS, 1))
+
+
+def gemv_splits(m: int) -> list[tuple[int, int]]:
+    """The (first activation row, M) of the launches that cover ``m`` activation rows with the instantiated M
+    (gemv_<type>_m1/2/4/8): the largest first, e.g. 11 -> (0, 8), (8, 2), (10, 1)."""
+    if m < 1:
+        raise BackendError(f"[cuda] a GEMV needs at least one activation row, found {m}")
+    out, start = [], 0
+    for size in sorted(GEMV_ROWS, reverse=True):
+        while m - start >= size:
+            out.append((start, size))
+            start += size
+    return out
+
+
+def elementwise(count: int) -> Launch:
+    """One thread per item: dequant_<type> (units), rows_<type>, swiglu, add, rope (pairs)."""
+    return Launch((_blocks(count, ELEMENTWISE), 1, 1), (ELEMENTWISE, 1, 1))
+
+
+def norm(rows: int) -> Launch:
+    """rms_norm / add_rms_norm: one block per row."""
+    return Launch((rows, 1, 1), (NORM_BLOCK, 1, 1))
+
+
+def attention(rows: int, hq: int, s_max: int, dv: int) -> tuple[Launch, Launch, Launch]:
+    """attn_scores, attn_softmax, attn_wsum over ``rows`` sequences of ``hq`` heads, at most ``s_max`` keys."""
+    if rows > MAX_GRID_YZ or hq > MAX_GRID_YZ:
+        raise BackendError(f"[cuda] attention over {rows} rows x {hq} heads is past the grid's y/z limit")
+    return (Launch((_blocks(s_max, ATTN_KEYS), hq, rows), (ATTN_KEYS, 1, 1)),
+            Launch((hq, rows, 1), (ATTN_SOFTMAX, 1, 1)),
+            Launch((_blocks(dv, ATTN_VALUES), hq, rows), (min(ATTN_VALUES, max(dv, 1)), 1, 1)))
+
+
+__all__ = ["Launch", "attention", "elementwise", "gemv", "gemv_splits", "norm"]

@@ -1,0 +1,98 @@
+/* attention.cu — one decode step's attention: each row (a sequence) has one query of hq heads and its own KV cache
+ * [slots, hkv, d] (f32 or f16), GQA (query head h reads kv head h / (hq / hkv)), slot positions k_pos (-1: empty), a
+ * sliding window with sink tokens, soft-capping and per-head sink logits — the semantics of uk_attention_rows.
+ * Three kernels, so that every stage is parallel over keys or values whatever the context:
+ *   attn_scores  grid (ceil(s / 128), hq, rows): one thread per key: scale * q . k, capped, or -inf when hidden;
+ *   attn_softmax grid (hq, rows), 256 threads: max, exp, sum (with the head's sink logit), normalized in place;
+ *   attn_wsum    grid (ceil(dv / 128), hq, rows): one thread per output value: sum over keys of p * v.
+ * Scores live in a scratch [rows, hq, s_max]. Per-row arguments are device arrays (pointers, lengths, positions). */
+#include "decode.cuh"
+
+#define UK_ATTN_BLOCK 256
+#define UK_NEG_INF (-__int_as_float(0x7f800000))  /* no math.h under NVRTC */
+
+__device__ __forceinline__ float kv_at(const void *base, int f16, long long i) {
+    return f16 ? uk_h2f(((const unsigned short *)base)[i]) : ((const float *)base)[i];
+}
+
+__device__ __forceinline__ int visible(int kp, int qp, int window, int n_sink) {
+    return kp >= 0 && kp <= qp && !(window > 0 && qp - kp >= window && kp >= n_sink);
+}
+
+extern "C" __global__ void attn_scores(const float *q, const void *const *k_cache, const int *kv_f16,
+                                       const long long *used, const int *q_pos, const int *const *k_pos, int hq,
+                                       int hkv, int d, float scale, float softcap, int window, int n_sink,
+                                       float *scores, long long s_max) {
+    const int row = blockIdx.z, h = blockIdx.y;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x, s = used[row];
+    if (t >= s) return;
+    float *out = scores + ((long long)row * hq + h) * s_max;
+    if (!visible(k_pos[row][t], q_pos[row], window, n_sink)) {
+        out[t] = UK_NEG_INF;
+        return;
+    }
+    const int kh = h / (hq / hkv), f16 = kv_f16[row];
+    const float *qh = q + ((long long)row * hq + h) * d;
+    const long long base = (t * hkv + kh) * d;
+    float acc = 0.0f;
+    for (int e = 0; e < d; e++) acc += qh[e] * kv_at(k_cache[row], f16, base + e);
+    float l = acc * scale;
+    if (softcap > 0.0f) l = softcap * tanhf(l / softcap);
+    out[t] = l;
+}
+
+extern "C" __global__ void attn_softmax(float *scores, const long long *used, const float *sinks, int hq,
+                                        long long s_max) {
+    __shared__ float shared[UK_ATTN_BLOCK / 32];
+    const int row = blockIdx.y, h = blockIdx.x;
+    const long long s = used[row];
+    float *p = scores + ((long long)row * hq + h) * s_max;
+    float mx = sinks ? sinks[h] : UK_NEG_INF;
+    for (long long t = threadIdx.x; t < s; t += UK_ATTN_BLOCK) mx = fmaxf(mx, p[t]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_down_sync(0xffffffffu, mx, off));
+    if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = shared[0];
+        for (int w = 1; w < UK_ATTN_BLOCK / 32; w++) m = fmaxf(m, shared[w]);
+        shared[0] = m;
+    }
+    __syncthreads();
+    mx = shared[0];
+    __syncthreads();
+    float sum = 0.0f;
+    for (long long t = threadIdx.x; t < s; t += UK_ATTN_BLOCK) {
+        const float e = p[t] == UK_NEG_INF ? 0.0f : expf(p[t] - mx);
+        p[t] = e;
+        sum += e;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
+    if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = sinks ? expf(sinks[h] - mx) : 0.0f;
+        for (int w = 0; w < UK_ATTN_BLOCK / 32; w++) total += shared[w];
+        shared[0] = total > 0.0f ? 1.0f / total : 0.0f;   /* nothing visible: zeros, as the CPU gives */
+    }
+    __syncthreads();
+    const float inv = shared[0];
+    for (long long t = threadIdx.x; t < s; t += UK_ATTN_BLOCK) p[t] *= inv;
+}
+
+extern "C" __global__ void attn_wsum(const float *scores, const void *const *v_cache, const int *kv_f16,
+                                     const long long *used, int hq, int hkv, int dv, long long s_max, float *out) {
+    const int row = blockIdx.z, h = blockIdx.y;
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= dv) return;
+    const long long s = used[row];
+    const int kh = h / (hq / hkv), f16 = kv_f16[row];
+    const float *p = scores + ((long long)row * hq + h) * s_max;
+    float acc = 0.0f;
+    for (long long t = 0; t < s; t++) {
+        const float w = p[t];
+        if (w != 0.0f) acc += w * kv_at(v_cache[row], f16, (t * hkv + kh) * dv + e);
+    }
+    out[((long long)row * hq + h) * dv + e] = acc;
+}

@@ -1,0 +1,179 @@
+/* decode.cuh — the GGUF block decoders of the CUDA kernels.
+ *
+ * Why C-compatible: the same source is built by the host C compiler for the tests (tests/backends/
+ * test_cuda_kernels.py decodes every type with it and compares bit for bit with uaii.kernels.dequantize), so the
+ * decoders are verified on a machine without a GPU. A decoder writes the 32 values of one *unit* of a weight row
+ * (a 32-value block, or one eighth of a 256-value k-quant super-block) with the float operations of the C reference
+ * (quant_ref.c), in its order: compiled with --fmad=false (dequantize) they give its bits; inside a GEMV the
+ * compiler may contract them (the sums differ from the CPU's in order anyway). */
+#ifndef UAII_CUDA_DECODE_CUH
+#define UAII_CUDA_DECODE_CUH
+
+#ifndef UK_DEV
+#define UK_DEV __device__ __forceinline__
+#endif
+#ifndef UK_AS_FLOAT
+#define UK_AS_FLOAT(bits) __int_as_float((int)(bits))
+#endif
+
+typedef unsigned char uk_u8;
+typedef signed char uk_i8;
+typedef unsigned int uk_u32;
+
+/* weight types, as the host names them (uaii.backends.cuda.kernels.TYPES) */
+#define UK_F32 0
+#define UK_F16 1
+#define UK_BF16 2
+#define UK_Q4_0 3
+#define UK_Q4_1 4
+#define UK_Q5_0 5
+#define UK_Q5_1 6
+#define UK_Q8_0 7
+#define UK_Q4_K 8
+#define UK_Q5_K 9
+#define UK_Q6_K 10
+
+UK_DEV uk_u32 uk_ld16(const uk_u8 *p) { return (uk_u32)p[0] | ((uk_u32)p[1] << 8); }
+
+UK_DEV uk_u32 uk_ld32(const uk_u8 *p) {
+    return (uk_u32)p[0] | ((uk_u32)p[1] << 8) | ((uk_u32)p[2] << 16) | ((uk_u32)p[3] << 24);
+}
+
+/* IEEE half -> float, exact for every input (subnormals, infinities, NaN payloads), by integer operations */
+UK_DEV float uk_h2f(uk_u32 h) {
+    const uk_u32 e = (h >> 10) & 31u, m = h & 1023u, s = (h & 0x8000u) << 16;
+    if (e == 0u) {
+        const float v = (float)m * 5.9604644775390625e-8f;      /* m * 2^-24: exact */
+        return s ? -v : v;
+    }
+    if (e == 31u) return UK_AS_FLOAT(s | 0x7f800000u | (m << 13));
+    return UK_AS_FLOAT(s | ((e + 112u) << 23) | (m << 13));
+}
+
+UK_DEV float uk_bf2f(uk_u32 h) { return UK_AS_FLOAT(h << 16); }
+
+/* bytes per block and 32-value units per block of each type */
+UK_DEV int uk_block_bytes(int t) {
+    switch (t) {
+    case UK_F32: return 128;
+    case UK_F16: case UK_BF16: return 64;
+    case UK_Q4_0: return 18;
+    case UK_Q4_1: return 20;
+    case UK_Q5_0: return 22;
+    case UK_Q5_1: return 24;
+    case UK_Q8_0: return 34;
+    case UK_Q4_K: return 144;
+    case UK_Q5_K: return 176;
+    default: return 210;                                       /* UK_Q6_K */
+    }
+}
+
+UK_DEV int uk_block_units(int t) { return t >= UK_Q4_K ? 8 : 1; }
+
+/* the 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block */
+UK_DEV void uk_scale_min_k4(int j, const uk_u8 *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* values 32 u .. 32 u + 31 of the block at p (u < uk_block_units(t)) into y */
+UK_DEV void uk_unit(int t, const uk_u8 *p, int u, float *y) {
+    int j;
+    switch (t) {
+    case UK_F32:
+        for (j = 0; j < 32; j++) y[j] = UK_AS_FLOAT(uk_ld32(p + 4 * j));
+        break;
+    case UK_F16:
+        for (j = 0; j < 32; j++) y[j] = uk_h2f(uk_ld16(p + 2 * j));
+        break;
+    case UK_BF16:
+        for (j = 0; j < 32; j++) y[j] = uk_bf2f(uk_ld16(p + 2 * j));
+        break;
+    case UK_Q4_0: {
+        const float d = uk_h2f(uk_ld16(p));
+        for (j = 0; j < 16; j++) {
+            y[j] = d * (float)((p[2 + j] & 0x0f) - 8);
+            y[j + 16] = d * (float)((p[2 + j] >> 4) - 8);
+        }
+        break;
+    }
+    case UK_Q4_1: {
+        const float d = uk_h2f(uk_ld16(p)), m = uk_h2f(uk_ld16(p + 2));
+        for (j = 0; j < 16; j++) {
+            y[j] = d * (float)(p[4 + j] & 0x0f) + m;
+            y[j + 16] = d * (float)(p[4 + j] >> 4) + m;
+        }
+        break;
+    }
+    case UK_Q5_0: {
+        const float d = uk_h2f(uk_ld16(p));
+        const uk_u32 qh = uk_ld32(p + 2);
+        for (j = 0; j < 16; j++) {
+            y[j] = d * (float)((int)((p[6 + j] & 0x0f) | (((qh >> j) & 1u) << 4)) - 16);
+            y[j + 16] = d * (float)((int)((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16);
+        }
+        break;
+    }
+    case UK_Q5_1: {
+        const float d = uk_h2f(uk_ld16(p)), m = uk_h2f(uk_ld16(p + 2));
+        const uk_u32 qh = uk_ld32(p + 4);
+        for (j = 0; j < 16; j++) {
+            y[j] = d * (float)((p[8 + j] & 0x0f) | (((qh >> j) & 1u) << 4)) + m;
+            y[j + 16] = d * (float)((p[8 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) + m;
+        }
+        break;
+    }
+    case UK_Q8_0: {
+        const float d = uk_h2f(uk_ld16(p));
+        for (j = 0; j < 32; j++) y[j] = (float)(uk_i8)p[2 + j] * d;
+        break;
+    }
+    case UK_Q4_K: {
+        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
+        const uk_u8 *q = p + 16 + 32 * (u / 2);
+        int sc, m;
+        uk_scale_min_k4(u, p + 4, &sc, &m);
+        const float d1 = d * (float)sc, m1 = dmin * (float)m;
+        if (u % 2 == 0) for (j = 0; j < 32; j++) y[j] = d1 * (float)(q[j] & 0x0f) - m1;
+        else for (j = 0; j < 32; j++) y[j] = d1 * (float)(q[j] >> 4) - m1;
+        break;
+    }
+    case UK_Q5_K: {
+        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
+        const uk_u8 *qh = p + 16, *ql = p + 48 + 32 * (u / 2);
+        int sc, m;
+        uk_scale_min_k4(u, p + 4, &sc, &m);
+        const float d1 = d * (float)sc, m1 = dmin * (float)m;
+        if (u % 2 == 0)
+            for (j = 0; j < 32; j++) y[j] = d1 * (float)((ql[j] & 0x0f) | (((qh[j] >> u) & 1) << 4)) - m1;
+        else
+            for (j = 0; j < 32; j++) y[j] = d1 * (float)((ql[j] >> 4) | (((qh[j] >> u) & 1) << 4)) - m1;
+        break;
+    }
+    default: {                                                 /* UK_Q6_K: ql[128], qh[64], scales[16], d */
+        const float d = uk_h2f(uk_ld16(p + 208));
+        const int half = u / 4, k = u % 4;
+        const uk_u8 *ql = p + 64 * half + (k & 1) * 32, *qh = p + 128 + 32 * half;
+        const uk_i8 *sc = (const uk_i8 *)(p + 192) + 8 * half + 2 * k;
+        const int shift = 2 * k, hi = k >> 1;
+        for (j = 0; j < 32; j++) {
+            const int q = ((hi ? (ql[j] >> 4) : (ql[j] & 0x0f)) | (((qh[j] >> shift) & 3) << 4)) - 32;
+            y[j] = d * (float)sc[j / 16] * (float)q;
+        }
+        break;
+    }
+    }
+}
+
+/* unit `unit` of a weight row of type t (units counted from the row's first block) */
+UK_DEV void uk_row_unit(int t, const uk_u8 *row, long long unit, float *y) {
+    const int per = uk_block_units(t);
+    uk_unit(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), y);
+}
+
+#endif

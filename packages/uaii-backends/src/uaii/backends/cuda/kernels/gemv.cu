@@ -1,0 +1,59 @@
+/* gemv.cu — decode products y[m, n] = x[m, :] . W[n, :] for M <= 8 activation rows, W kept in its GGUF encoding and
+ * decoded in registers (dequantization fused into the product: the weights are read once, as stored).
+ *
+ * One warp per weight row (blockDim (32, WARPS)); lane l takes the row's units l, l + 32, ... (a unit is 32
+ * values, decode.cuh), so the 32 lanes of a warp read 32 consecutive units of the row — one contiguous stretch of
+ * the weight per step — and every activation row's 32 values beside them; the warp's partial sums meet in a
+ * shuffle tree. M is a template parameter: the M sums of a unit share its decoded values. Names: gemv_<type>_m<M>. */
+#include "decode.cuh"
+
+template <int T, int M>
+__device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long row_bytes, int n, int k,
+                                          const float *__restrict__ x, long long ldx, float *__restrict__ y,
+                                          long long ldy) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= n) return;
+    const uk_u8 *wr = w + (long long)row * row_bytes;
+    const long long units = k / 32;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    float q[32];
+    for (long long u = threadIdx.x; u < units; u += 32) {
+        uk_row_unit(T, wr, u, q);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + m * ldx + 32 * u;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) s += q[i] * xm[i];
+            acc[m] += s;
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float v = acc[m];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+        if (threadIdx.x == 0) y[m * ldy + row] = v;
+    }
+}
+
+#define UK_GEMV(name, T, M)                                                                                     \
+    extern "C" __global__ void gemv_##name##_m##M(const uk_u8 *w, long long row_bytes, int n, int k,            \
+                                                  const float *x, long long ldx, float *y, long long ldy) {     \
+        gemv_rows<T, M>(w, row_bytes, n, k, x, ldx, y, ldy);                                                    \
+    }
+#define UK_GEMV_ALL(name, T) UK_GEMV(name, T, 1) UK_GEMV(name, T, 2) UK_GEMV(name, T, 4) UK_GEMV(name, T, 8)
+
+UK_GEMV_ALL(f32, UK_F32)
+UK_GEMV_ALL(f16, UK_F16)
+UK_GEMV_ALL(bf16, UK_BF16)
+UK_GEMV_ALL(q4_0, UK_Q4_0)
+UK_GEMV_ALL(q4_1, UK_Q4_1)
+UK_GEMV_ALL(q5_0, UK_Q5_0)
+UK_GEMV_ALL(q5_1, UK_Q5_1)
+UK_GEMV_ALL(q8_0, UK_Q8_0)
+UK_GEMV_ALL(q4_k, UK_Q4_K)
+UK_GEMV_ALL(q5_k, UK_Q5_K)
+UK_GEMV_ALL(q6_k, UK_Q6_K)

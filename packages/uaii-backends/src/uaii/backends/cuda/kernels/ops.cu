@@ -1,0 +1,91 @@
+/* ops.cu — the row operators of a decoder step: RMSNorm (and the residual add fused before it), SwiGLU, RoPE and
+ * elementwise add, f32. Reductions are block-wide trees (their order differs from the CPU's: results agree to
+ * rounding, as any two backends do); the transcendental functions are the accurate ones (expf, sincosf), not the
+ * __-prefixed approximations. */
+#include "decode.cuh"
+
+#define UK_BLOCK 256
+
+/* the sum of v over the block (blockDim.x == UK_BLOCK), for every thread */
+__device__ __forceinline__ float block_sum(float v, float *shared) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < UK_BLOCK / 32 ? shared[threadIdx.x] : 0.0f;
+    if (warp == 0) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+        if (lane == 0) shared[0] = v;
+    }
+    __syncthreads();
+    const float total = shared[0];
+    __syncthreads();
+    return total;
+}
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * (w or 1 + w); one block per row; with res, x[r] = a[r] + res[r] first
+   (written to sum when given: the residual stream goes on) */
+__device__ __forceinline__ void rms_row(const float *a, const float *res, float *sum, const float *w, float *y,
+                                        int n, float eps, int unit_offset) {
+    __shared__ float shared[UK_BLOCK / 32];
+    const long long r = blockIdx.x;
+    a += r * n;
+    y += r * n;
+    if (res) res += r * n;
+    if (sum) sum += r * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += UK_BLOCK) {
+        const float v = res ? a[i] + res[i] : a[i];
+        if (sum) sum[i] = v;
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss, shared) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += UK_BLOCK) {
+        const float v = res ? a[i] + res[i] : a[i];
+        y[i] = v * inv * (unit_offset ? 1.0f + w[i] : w[i]);
+    }
+}
+
+extern "C" __global__ void rms_norm(const float *x, const float *w, float *y, int n, float eps, int unit_offset) {
+    rms_row(x, 0, 0, w, y, n, eps, unit_offset);
+}
+
+extern "C" __global__ void add_rms_norm(const float *a, const float *res, float *sum, const float *w, float *y, int n,
+                                        float eps, int unit_offset) {
+    rms_row(a, res, sum, w, y, n, eps, unit_offset);
+}
+
+/* y = silu(g) * u over count values; g and u are strided views (a fused [gate | up] row: ld = 2 ff) */
+extern "C" __global__ void swiglu(const float *g, const float *u, long long ld, int ff, long long count, float *y) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const long long r = i / ff, c = i % ff;
+    const float a = g[r * ld + c];
+    y[i] = a / (1.0f + expf(-a)) * u[r * ld + c];
+}
+
+extern "C" __global__ void add(const float *a, const float *b, float *y, long long count) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) y[i] = a[i] + b[i];
+}
+
+/* rotary embedding of x [rows, heads, d] in place, the first n_rot values of each head: pairs (i, i + n_rot / 2)
+   (neox) or (2 i, 2 i + 1), angle pos[row] * inv_freq[i]; one thread per pair */
+extern "C" __global__ void rope(float *x, const int *pos, const float *inv_freq, int rows, int heads, int d, int n_rot,
+                                int neox) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int half = n_rot / 2;
+    if (t >= (long long)rows * heads * half) return;
+    const int i = (int)(t % half);
+    const long long head = t / half;
+    const int row = (int)(head / heads);
+    float s, c;
+    sincosf((float)pos[row] * inv_freq[i], &s, &c);
+    float *h = x + head * d;
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = h[a], x1 = h[b];
+    h[a] = x0 * c - x1 * s;
+    h[b] = x0 * s + x1 * c;
+}
