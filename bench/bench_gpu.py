@@ -8,6 +8,9 @@
    ``uaii bench --json`` in its own process (a driver crash or an op the backend does not lower yet is that row's
    error, never the end of the benchmark), with the same prompt, tokens and KV cache (f32, unbounded) on both.
 
+0. First, where a CUDA device exists (and uaii-backends[cuda] is installed): the CUDA backend's GEMV kernels per type
+   (weight GB/s) against a device-to-device copy measured in the same run (``--cuda-only``: this part alone).
+
 On a software adapter (lavapipe) the numbers only show that everything runs: it is the CPU emulating a GPU.
 
     python bench/bench_gpu.py             # every type and shape, 128-token prompt, 32 generated tokens
@@ -214,6 +217,43 @@ def measure_gpu(dev: Any, args: argparse.Namespace) -> tuple[float | None, list[
     return copy, gemv_rows(dev, measure, types, shapes, 3 if args.quick else 10, copy), ""
 
 
+CUDA_TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
+CUDA_SHAPES = [("4096x4096", 4096, 4096), ("14336x4096", 14336, 4096), ("152064x5120", 152064, 5120)]
+
+
+def measure_cuda(quick: bool) -> dict[str, Any] | None:
+    """The CUDA backend's kernels on the first CUDA device: device-to-device copy GB/s and GEMV GB/s per type and
+    shape (weight bytes read per second, uaii.backends.cuda.measure) with their ratio to the copy (issue #18's goal
+    for Q4 types: >= 0.7). None, said on stderr, without cuda-bindings or a device."""
+    try:
+        from uaii.backends.cuda import measure
+        from uaii.backends.cuda.device import CudaDevice, device_count
+    except ImportError as exc:
+        print(f"bench-gpu: CUDA part skipped ({exc}): pip install 'uaii-backends[cuda]'", file=sys.stderr)
+        return None
+    if device_count() == 0:
+        print("bench-gpu: no CUDA device: CUDA part skipped", file=sys.stderr)
+        return None
+    from uaii.ir import DType
+
+    shapes = CUDA_SHAPES[:1] if quick else CUDA_SHAPES
+    types = CUDA_TYPES[:2] if quick else CUDA_TYPES
+    with CudaDevice.open() as dev:
+        copy = measure.copy_bandwidth(dev, 256 * MiB, 20)
+        rows = []
+        for t in types:
+            for name, n, k in shapes:
+                gb = measure.gemv_bandwidth(dev, DType(t), n, k, 20)
+                rows.append({"type": t, "shape": name, "gb_s": gb, "x_copy": gb / copy})
+        out = {"device": dev.name, "capability": list(dev.capability), "arch": dev.arch, "copy_gb_s": copy,
+               "gemv": rows, "date": datetime.date.today().isoformat()}
+    print(f"CUDA: {out['device']} ({out['arch']}), {out['date']}; device-to-device copy (bytes read + written) "
+          f"{copy:.0f} GB/s")
+    for r in rows:
+        print(f"  GEMV {r['type']:5s} {r['shape']:12s} {r['gb_s']:7.0f} GB/s  {r['x_copy']:.2f}x copy")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="a few types and shapes, 32-token prompt, 8 tokens")
@@ -224,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per model and device")
     ap.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+    ap.add_argument("--cuda-only", action="store_true", help="the CUDA kernels' bandwidth only (needs a CUDA device)")
     args = ap.parse_args(argv)
     prompt = args.prompt_tokens or (32 if args.quick else 128)
     gen = args.gen_tokens or (8 if args.quick else 32)
@@ -231,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    cuda = None if args.no_gemv else measure_cuda(args.quick)
+    if args.cuda_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"cuda": cuda}, indent=2))
+        return 0 if cuda is not None else 1
     dev, why = open_gpu()
     if dev is None:
         print(f"bench-gpu: no WebGPU device: {why}", file=sys.stderr)
@@ -244,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     render(adapter_line(dev.info), copy, gemv, note, models)
     if args.json:
         Path(args.json).write_text(json.dumps({"adapter": dev.info.as_dict(), "copy_gb_s": copy, "gemv": gemv,
-                                               "models": models}, indent=2))
+                                               "models": models, "cuda": cuda}, indent=2))
     failed = [r for r in [*gemv, *models] if "error" in r]
     return 1 if failed or note else 0
 

@@ -1,0 +1,70 @@
+"""Bandwidth probes of a CUDA device: the GEMV kernel per weight type, and a device-to-device copy to compare with.
+
+A decode step is a chain of GEMVs that each read their whole weight once, so a GEMV's weight bytes per second bound
+tokens per second; :func:`copy_bandwidth` measures what the device moves on ``cuMemcpyDtoD`` in the same run (bytes
+read + written, as the WebGPU probe counts them), the ceiling a GEMV approaches (issue #18's goal: >= 0.7 of it for
+Q4 types). Both time ``reps`` launches between two CUDA events after a warm-up: device time, not host time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from uaii.backends.cuda import geometry
+from uaii.backends.cuda.device import CudaDevice, _driver, _ok
+from uaii.backends.cuda.sources import TYPES
+from uaii.backends.webgpu.measure import weight_bytes
+from uaii.ir import DType
+
+
+def _timed(dev: CudaDevice, run: Any, reps: int) -> float:
+    """Seconds of one ``run()`` on the device (events around ``reps`` runs, after one warm-up)."""
+    cu = _driver()
+    run()
+    start = _ok(cu, cu.cuEventCreate(0), "cuEventCreate")
+    end = _ok(cu, cu.cuEventCreate(0), "cuEventCreate")
+    try:
+        _ok(cu, cu.cuEventRecord(start, 0), "cuEventRecord")
+        for _ in range(reps):
+            run()
+        _ok(cu, cu.cuEventRecord(end, 0), "cuEventRecord")
+        _ok(cu, cu.cuEventSynchronize(end), "cuEventSynchronize")
+        ms = _ok(cu, cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+    finally:
+        cu.cuEventDestroy(start)
+        cu.cuEventDestroy(end)
+    return float(ms) / 1e3 / reps
+
+
+def copy_bandwidth(dev: CudaDevice, nbytes: int, reps: int = 20) -> float:
+    """GB/s (bytes read + written) of a device-to-device copy of ``nbytes``."""
+    cu = _driver()
+    src, dst = dev.alloc(nbytes), dev.alloc(nbytes)
+    try:
+        s = _timed(dev, lambda: _ok(cu, cu.cuMemcpyDtoD(dst.ptr, src.ptr, nbytes), "cuMemcpyDtoD"), reps)
+    finally:
+        dev.free(src)
+        dev.free(dst)
+    return 2 * nbytes / s / 1e9
+
+
+def gemv_bandwidth(dev: CudaDevice, dtype: DType, n: int, k: int, reps: int = 20, m: int = 1) -> float:
+    """GB/s of weight bytes the GEMV kernel of ``dtype`` reads on an [n, k] weight against ``m`` activation rows."""
+    raw = weight_bytes(dtype, n, k)
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    w, xb, y = dev.upload(raw), dev.upload(x), dev.alloc(m * n * 4)
+    c = ctypes
+    args = (w, c.c_longlong(dtype.nbytes(k)), c.c_int(n), c.c_int(k), xb, c.c_longlong(k), y, c.c_longlong(n))
+    kernel, at = f"gemv_{TYPES[dtype][1]}_m{m}", geometry.gemv(n)
+    try:
+        s = _timed(dev, lambda: dev.launch("gemv", kernel, at, *args), reps)
+    finally:
+        for b in (w, xb, y):
+            dev.free(b)
+    return raw.nbytes / s / 1e9
+
+
+__all__ = ["copy_bandwidth", "gemv_bandwidth"]
