@@ -45,6 +45,9 @@ LAYERS: dict[str, int] = {
 # Third-party modules whose distribution has another name (none of today's: numpy, cffi, flatbuffers, rich, ...).
 MODULE_DISTRIBUTIONS: dict[str, str] = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf",
                                         "cuda": "cuda-bindings"}
+# Distributions that ship a shared library another dependency loads at run time (nothing imports them): the
+# library's distribution -> the distribution that loads it (both belong in the same extra).
+RUNTIME_LIBRARIES: dict[str, str] = {"nvidia-cuda-nvrtc": "cuda-bindings"}  # libnvrtc, found by cuda.pathfinder
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ COMMON_CLASSIFIERS = {
 NOT_BUILT = re.compile(r"dashboard|device scheduler|\bONNX\b|\bMLX\b|PyTorch|\[torch\]|\[onnx\]|\[mlx\]|\[all\]",
                        re.IGNORECASE)
 dists = load_script("scripts/dists.py", "uaii_scripts_dists")
+check_deps = load_script("scripts/check_deps.py", "uaii_scripts_check_deps")
 
 
 def project(package: str) -> dict[str, Any]:
@@ -97,13 +98,26 @@ def imported_modules(package: str) -> set[str]:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_extra_installs_something_the_package_imports(package: str) -> None:
+    """Every requirement of an extra is imported by the package (under its module name: check_deps'
+    MODULE_DISTRIBUTIONS), or is a shared library that another requirement of that extra loads (RUNTIME_LIBRARIES:
+    the NVRTC wheel, which cuda-bindings finds)."""
     modules = imported_modules(package)
+    dist_of = {normalize(d): m for m, d in check_deps.MODULE_DISTRIBUTIONS.items()}
     for extra, requirements in project(package).get("optional-dependencies", {}).items():
-        for req in requirements:
-            name = re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0]
-            assert name != package, f"{package}[{extra}] only gathers other extras: {req}"
-            assert name.replace("-", "_").lower() in modules, \
+        names = [normalize(re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0]) for req in requirements]
+        for name in names:
+            assert name != normalize(package), f"{package}[{extra}] only gathers other extras: {name}"
+            loader = check_deps.RUNTIME_LIBRARIES.get(name)
+            if loader is not None:
+                assert normalize(loader) in names, \
+                    f"{package}[{extra}] installs {name} without {loader}, which loads it"
+                continue
+            assert dist_of.get(name, name.replace("-", "_")) in modules, \
                 f"{package}[{extra}] installs {name}, which no module of {package} imports"
+
+
+def normalize(dist: str) -> str:
+    return re.sub(r"[-_.]+", "-", dist).lower()
 
 
 def _wheel(tmp: Path, name: str, files: dict[str, bytes]) -> Path:
