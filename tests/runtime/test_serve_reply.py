@@ -24,5 +24,6 @@ def test_text_frame_is_the_chunk_json(kind: str, text: str) -> None:
     event = SimpleNamespace(token_id=7, text=text, finish_reason=None, logprob=None, usage=None)
     (chunk,) = reply.chunks(event)
     assert reply.text_frame(text) == json.dumps(chunk)
+    assert reply.chunk_texts(event) == [json.dumps(chunk)]  # the path the stream takes
     assert json.loads(reply.text_frame(text))["choices"][0]["delta" if kind == "chat" else "text"] == (
         {"content": text} if kind == "chat" else text)

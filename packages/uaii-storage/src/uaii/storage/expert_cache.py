@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -115,11 +115,8 @@ class ExpertCache:
     def fits(self, refs: Sequence[Ref]) -> bool:
         """Whether one :meth:`get_many` of ``refs`` can hold them all at once (their buffers together within the
         budget): a MoE step then asks for all its routed experts in one call, its misses read in parallel."""
-        keys = dict.fromkeys(str(r) for r in refs)
         with self._lock:
-            need = sum(self._entries[k].buf.nbytes if k in self._entries else self.store.buffer_bytes(k)
-                       for k in keys)
-        return need <= self.budget_bytes
+            return self._need(dict.fromkeys(str(r) for r in refs)) <= self.budget_bytes
 
     def resize(self, budget_bytes: int) -> None:
         """Hold the cache to a new budget, evicting the least recently used experts until it fits: a session whose
@@ -166,13 +163,18 @@ class ExpertCache:
             stats = self._layers[name] = _LayerStats()
         return stats
 
+    def _need(self, keys: Iterable[str]) -> int:
+        """Bytes the cache holds for ``keys`` at once: resident experts' buffers, the others' read buffers (the
+        rule of :meth:`fits` and of one call's refusal)."""
+        return sum(self._entries[k].buf.nbytes if k in self._entries else self.store.buffer_bytes(k) for k in keys)
+
     def _load(self, misses: list[str], protect: set[str], layer: str | None) -> None:
-        sizes = [self.store.buffer_bytes(k) for k in misses]
-        kept = sum(e.buf.nbytes for k, e in self._entries.items() if k in protect)
-        if kept + sum(sizes) > self.budget_bytes:
+        need = self._need(protect)
+        if need > self.budget_bytes:
             raise StorageError(f"the expert cache budget of {self.budget_bytes} bytes cannot hold the "
-                               f"{len(protect)} experts of one request ({kept + sum(sizes)} bytes, "
-                               f"e.g. {misses[0]!r})", nbytes=kept + sum(sizes))
+                               f"{len(protect)} experts of one request ({need} bytes, e.g. {misses[0]!r})",
+                               nbytes=need)
+        sizes = [self.store.buffer_bytes(k) for k in misses]
         spare: list[AlignedBuffer] = []
         bufs: list[AlignedBuffer] = []
         for size in sizes:

@@ -272,8 +272,8 @@ async def _reply(request: Request, body: Any, kind: str, prompt_of: Any, logprob
 async def _sse(handle: Any, reply: Reply, lease: Lease, left: list[bool]) -> AsyncIterator[bytes]:
     """The SSE frames; the sequence is cancelled and the model's lease given back however the stream ends (a
     client that left included). Events that stop without a finish reason while the client is there mean the engine
-    ended the request (an unload, a shutdown): an error frame says so before ``[DONE]``. A token's frame is
-    :meth:`Reply.text_frame` when it carries text alone (most of them): no dict is built per token."""
+    ended the request (an unload, a shutdown): an error frame says so before ``[DONE]``. A token's frame comes from
+    :meth:`Reply.chunk_texts` (a template when it carries text alone: no dict is built per token)."""
     try:
         for chunk in reply.opening():
             yield frame(json.dumps(chunk))
@@ -281,11 +281,8 @@ async def _sse(handle: Any, reply: Reply, lease: Lease, left: list[bool]) -> Asy
             if event.finish_reason == "error":  # OpenAI streams a failure as an error frame
                 yield frame(json.dumps(error_body(500, event.error or "the generation failed", "generation_failed")))
                 break
-            if event.text and event.finish_reason is None and not reply.logprobs:
-                yield frame(reply.text_frame(event.text))
-                continue
-            for chunk in reply.chunks(event):
-                yield frame(json.dumps(chunk))
+            for text in reply.chunk_texts(event):
+                yield frame(text)
         else:
             if not reply.finished and not left:  # ended by the engine, not by its client
                 yield frame(json.dumps(reply.cut_short_frame()))

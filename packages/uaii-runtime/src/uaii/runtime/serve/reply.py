@@ -139,6 +139,13 @@ class Reply:
             out.append(last)
         return out
 
+    def chunk_texts(self, event: Any) -> list[str]:
+        """The JSON of :meth:`chunks` — a token that carries text alone (most of them) from :meth:`text_frame`'s
+        template, without building and encoding its dict."""
+        if event.text and event.finish_reason is None and not self.logprobs:
+            return [self.text_frame(event.text)]
+        return [json.dumps(chunk) for chunk in self.chunks(event)]
+
     def cut_short(self) -> ApiError:
         """The error of a request the engine ended before its finish reason (see the module docstring)."""
         return ApiError(503, f"the request on {self.model!r} ended before its reply was complete: the model "
