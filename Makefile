@@ -23,7 +23,7 @@ PYTEST_FLAGS ?= -q
 # test-<pkg> and isolation-<pkg> are pattern rules, so they are not listed: make never looks for an implicit rule
 # for a .PHONY target (`make test-ir` did nothing while they were). No file of those names exists.
 .PHONY: help uv setup demo-env demo capi test lint typecheck pytest pytest-rest isolation gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage bench-kv bench-accuracy bench-gpu bench-serve bench-scale clean
+        bench-generate bench-storage bench-kv bench-accuracy bench-gpu bench-serve bench-scale bench-ray clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -121,6 +121,9 @@ bench-serve: setup ## uaii serve on SmolLM2: aggregate decode tok/s of 4 concurr
 
 bench-scale: setup ## a 32B-shape dense model (18.4 GB) and a 480B-shape MoE slice (2 x 14 GB), written once, in an 8 GiB memory cgroup: uaii vs llama.cpp, disk-bound (root; ~15 min; SCALE_ARGS=--models moe)
 	$(PY) bench/bench_scale.py $(SCALE_ARGS)
+
+bench-ray: setup ## the synthetic 4 GB llama: 1 process streaming under 1 GiB vs 4 pipeline stages of 1.2 GiB on a local Ray cluster (tok/s, ratio, bytes crossing, the Ray hop's cost; root for the memory cgroup; ~5 min)
+	$(PY) bench/bench_ray.py $(RAY_ARGS)
 
 bench: bench-kernels bench-generate ## all benchmarks
 

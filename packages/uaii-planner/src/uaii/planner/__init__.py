@@ -32,6 +32,7 @@ from uaii.planner.passes import (
     register_pass,
     run_passes,
 )
+from uaii.planner.pipeline import LayerCut, PipelineStage, choose_split, layer_cuts, split_graph
 from uaii.planner.planner import build_plan, fuse, plan, plan_key
 from uaii.planner.steps import Placement, kernel_id, make_steps
 from uaii.planner.storage import (
@@ -53,7 +54,9 @@ __all__ = [
     "CacheStatus",
     "FusionPass",
     "Interval",
+    "LayerCut",
     "MemoryReport",
+    "PipelineStage",
     "Placement",
     "PlanCache",
     "PlannerError",
@@ -63,6 +66,7 @@ __all__ = [
     "assign_offsets",
     "available_passes",
     "build_plan",
+    "choose_split",
     "clear",
     "default_passes",
     "dim_bound",
@@ -74,6 +78,7 @@ __all__ = [
     "get_pass",
     "group_of",
     "kernel_id",
+    "layer_cuts",
     "live_intervals",
     "make_steps",
     "memory_report",
@@ -85,6 +90,7 @@ __all__ = [
     "plan_storage",
     "register_pass",
     "run_passes",
+    "split_graph",
     "state_values",
     "status",
     "storage_for_uses",

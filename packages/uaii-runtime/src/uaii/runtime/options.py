@@ -19,6 +19,9 @@ log = logging.getLogger("uaii.runtime")
 
 KV_DTYPES = ("f32", "f16")
 KV_POSITIONS = ("absolute", "cache")
+PIPELINE_TRANSPORTS = ("ray", "local")
+# options of the pipeline's driver, never passed on to its stages
+PIPELINE_OPTIONS = ("pipeline", "pipeline_starts", "pipeline_transport", "ray_address", "stage_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,14 @@ class SessionOptions:
     enable_fusion / enable_memory_reuse: planner fusion passes / arena reuse.
     max_batch: tokens per prefill step (the prompt runs in chunks of this many).
     plan_cache: use the on-disk plan cache.
+    pipeline: run the decoder's layers as this many stages, each on its own node with its own memory budget (0 or
+        1: in this process, no pipeline; see uaii.runtime.pipeline). Each stage resolves the other options on its
+        node: ``budget_bytes`` and ``preset`` are each stage's budget there.
+    pipeline_starts: the layers where stages 1 .. pipeline - 1 begin (empty: chosen from the stages' budgets).
+    pipeline_transport: ``"ray"`` (one Ray actor per node, a STRICT_SPREAD placement group) or ``"local"`` (every
+        stage in this process: a split checked on one machine).
+    ray_address: the Ray cluster to join when this process is not connected to one (None: Ray's own default).
+    stage_timeout_s: the longest a pipeline call may wait on a stage before the stage counts as lost.
     gemm: how the CPU multiplies block-quantized weights: ``"fast"`` (int8 dot products over 8-bit quantized
         activations, as llama.cpp; 16-bit activations for the output projection where the weight type has that
         kernel, Q8_0 today; see docs/kernels.md for its accuracy) or ``"f32"`` (dequantized weights and
@@ -77,6 +88,11 @@ class SessionOptions:
     max_batch: int = 512
     plan_cache: bool = True
     gemm: str | None = None
+    pipeline: int = 0
+    pipeline_starts: tuple[int, ...] = ()
+    pipeline_transport: str = "ray"
+    ray_address: str | None = None
+    stage_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, str) or not self.device:
@@ -101,6 +117,21 @@ class SessionOptions:
         for name in ("enable_fusion", "enable_memory_reuse", "plan_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise SessionError(f"option {name} must be True or False, found {getattr(self, name)!r}")
+        _int("pipeline", self.pipeline, 0)
+        starts = self.pipeline_starts
+        if not isinstance(starts, tuple | list) or any(isinstance(x, bool) or not isinstance(x, int) for x in starts):
+            raise SessionError(f"option pipeline_starts must be a sequence of layer numbers, found {starts!r}")
+        object.__setattr__(self, "pipeline_starts", tuple(starts))
+        if starts and len(starts) != self.pipeline - 1:
+            raise SessionError(f"option pipeline_starts gives {len(starts)} stage starts; {self.pipeline} stages "
+                               f"need {max(self.pipeline - 1, 0)}")
+        if self.pipeline_transport not in PIPELINE_TRANSPORTS:
+            raise SessionError(f"option pipeline_transport must be one of {', '.join(PIPELINE_TRANSPORTS)}, found "
+                               f"{self.pipeline_transport!r}")
+        if isinstance(self.stage_timeout_s, bool) or not isinstance(self.stage_timeout_s, int | float) \
+                or not self.stage_timeout_s > 0:
+            raise SessionError(f"option stage_timeout_s must be a number of seconds > 0, "
+                               f"found {self.stage_timeout_s!r}")
         if self.preset is not None and not isinstance(self.preset, str):
             raise SessionError(f"option preset must be a preset name, found {self.preset!r}")
 
@@ -162,4 +193,4 @@ def _int(name: str, value: Any, lo: int) -> None:
         raise SessionError(f"option {name} must be an int >= {lo}, found {value!r}")
 
 
-__all__ = ["SessionOptions", "capped_threads"]
+__all__ = ["PIPELINE_OPTIONS", "SessionOptions", "capped_threads"]

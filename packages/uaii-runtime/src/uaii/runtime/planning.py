@@ -61,11 +61,13 @@ def arena_policy(backend: Backend) -> ArenaPolicy | None:
 
 
 def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backend: Backend, context: int,
-                 budget: int) -> tuple[ExecutionPlan | None, bool]:
+                 budget: int, cached: bool | None = None) -> tuple[ExecutionPlan | None, bool]:
     """(plan, cache hit) of ``graph`` for a session on ``backend`` holding ``context`` tokens, planned for
     ``budget`` bytes (the session's budget, or less when the backend allocates what the plan does not count; see
     :func:`uaii.runtime.budget.check_memory`), with the backend's arena (:func:`arena_policy`). (None, False) when
-    the planner is missing or cannot plan it."""
+    the planner is missing or cannot plan it. ``cached``: whether ``graph`` keeps a KV cache of ``context`` tokens
+    (default: the bundle is a decoder LM; a pipeline stage's graph has cached layers without being one)."""
+    cached = bundle.generative if cached is None else cached
     try:
         from uaii.planner import BudgetError, PlannerOptions, plan
     except ImportError:  # the planner is optional: the backend then follows the graph's own order
@@ -75,14 +77,14 @@ def session_plan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, 
     kw: dict[str, Any] = dict(enable_fusion=o.enable_fusion, enable_memory_reuse=o.enable_memory_reuse,
                               max_tokens=o.max_batch, budget_bytes=budget, device=backend.name)
     if budget:
-        kw["kv_cache_bytes"] = kv_cache_bytes(graph, kv_slots(o, context), o.kv_dtype) if bundle.generative else 0
+        kw["kv_cache_bytes"] = kv_cache_bytes(graph, kv_slots(o, context), o.kv_dtype) if cached else 0
         kw["expert_cache_bytes"] = o.expert_cache_bytes
         kw["fill_pins"] = True  # what the budget holds beyond the minimum is spent on pinning more layers
     if o.pin_layers is not None:
         kw["pin_layers"] = o.pin_layers
     bounds = {d: o.max_batch for name in graph.inputs for d in graph.tensor(name).shape
               if isinstance(d, str) and d != "seq"}
-    if bundle.generative:
+    if cached:
         bounds["past"] = context
     kw["dim_bounds"] = bounds
     try:

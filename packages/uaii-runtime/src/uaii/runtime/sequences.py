@@ -151,9 +151,9 @@ class SequencesMixin:
     def batched_decode(self) -> bool:
         """Whether :meth:`decode` of several sequences is one forward pass over all of them (the backend declares
         ``capabilities.batched_kv`` and the batched executable fits the memory budget) rather than one pass per
-        sequence."""
+        sequence. Never across pipeline stages."""
         backend = self.backend
-        if backend is None or self._batch_refused:
+        if backend is None or self._batch_refused or self.options.pipeline > 1:
             return False
         return bool(getattr(backend.capabilities, "batched_kv", False))
 
@@ -294,7 +294,10 @@ class SequencesMixin:
         freed when that pass ends."""
         self._own(seq)
         seq.closed = True
-        seq.state = None
+        state, seq.state = seq.state, None
+        free = getattr(state, "release", None)  # a state held elsewhere (a pipeline's stages) is freed there
+        if free is not None:
+            free()
         self._regrow_cache()
 
     def prefill(self, seq: Sequence, ids: Iterable[int],

@@ -31,11 +31,12 @@ import numpy as np
 
 from uaii.ir import Graph, UaiiError
 from uaii.runtime.bounds import ContextBounds
-from uaii.runtime.budget import bytes_per_token, check_memory, kv_cache_bytes, storage_stats, streaming_setup
+from uaii.runtime.budget import bytes_per_token, check_memory, storage_stats
+from uaii.runtime.build import build_executable
 from uaii.runtime.capabilities import check_backend, compile_options, kv_state_options
 from uaii.runtime.errors import SessionError
 from uaii.runtime.generate import TextStream, common_prefix, make_sampler
-from uaii.runtime.gpu_budget import DeviceResidency, device_streaming
+from uaii.runtime.gpu_budget import DeviceResidency
 from uaii.runtime.guard import SessionGuard
 from uaii.runtime.model import ModelBundle, load_bundle
 from uaii.runtime.options import SessionOptions
@@ -73,6 +74,7 @@ class Session(SequencesMixin):
         self._kv: KVStateLike | None = None
         self._full: Executable | None = None  # functional executable for run() on a decoder graph
         self._profiled: list[Executable] | None = None  # set_profiling(True): the executables timing their steps
+        self._given = dict(options)  # as the caller gave them: a pipeline's stages resolve them on their nodes
         self._init_sequences()  # several sequences and batched decode (uaii.runtime.sequences)
         self._history: list[int] = []  # tokens whose keys and values the cache holds
         # the last prompt's length and the logits its prefill ended with: a repeated prompt reuses them as they
@@ -109,44 +111,58 @@ class Session(SequencesMixin):
         if not b.generative and o.kv_positions != "absolute":
             raise SessionError(f"[runtime] option kv_positions={o.kv_positions!r} needs a decoder with a KV cache; "
                                f"{b.path.name} has none")
-        # the budget less the KV states of options.sequences sequences (SequencesMixin._reserved_plan)
-        self.plan, self.plan_cache_hit, self._own_options = self._reserved_plan(graph)
-        self.state = SessionState.PLANNED
-        unplanned = self._build(graph)
-        if unplanned:  # the backend allocates bytes the plan does not count: plan once more without them
-            self._unbuild()
-            self.plan, self.plan_cache_hit = replan(graph, self._bundle, self._own_options, backend=backend,
-                                                    context=self.context, unplanned=unplanned)
-            self._build(graph, final=True)
-        self.bytes_per_token = bytes_per_token(graph, b.locations, self.plan)
+        if o.pipeline > 1:
+            self._setup_pipeline(graph)
+        else:
+            # the budget less the KV states of options.sequences sequences (SequencesMixin._reserved_plan)
+            self.plan, self.plan_cache_hit, self._own_options = self._reserved_plan(graph)
+            self.state = SessionState.PLANNED
+            unplanned = self._build(graph)
+            if unplanned:  # the backend allocates bytes the plan does not count: plan once more without them
+                self._unbuild()
+                self.plan, self.plan_cache_hit = replan(graph, self._bundle, self._own_options, backend=backend,
+                                                        context=self.context, unplanned=unplanned)
+                self._build(graph, final=True)
+            self.bytes_per_token = bytes_per_token(graph, b.locations, self.plan)
         self._tokens = np.zeros(o.max_batch, np.int64)
         self._positions = np.zeros(o.max_batch, np.int64)
         self._decode_feeds = {"tokens": self._tokens[:1], "positions": self._positions[:1]}
         self.state = SessionState.READY
 
+    def _setup_pipeline(self, graph: Graph) -> None:
+        """``options.pipeline`` stages instead of one executable (uaii.runtime.pipeline): the stages plan and hold
+        their own layers under their own budgets on their nodes; this process holds no weights."""
+        from uaii.runtime.pipeline import open_pipeline
+
+        b = self._bundle
+        if not b.generative:
+            raise SessionError(f"[runtime] option pipeline={self.options.pipeline}: {b.path.name} is not a decoder "
+                               "LM with a KV cache; only those run as pipeline stages")
+        self._own_options = self.options
+        exe = open_pipeline(b.path, graph, self.options, self._given, self.context)
+        self._exe = exe
+        self.state = SessionState.PLANNED
+        self._kv = self._new_kv_state(exe)
+        self.bytes_per_token = sum(i.bytes_per_token for i in exe.infos)
+
+    @property
+    def pipeline(self) -> list[Any]:
+        """The stages of a pipeline session (:class:`uaii.runtime.pipeline.StageInfo`: layers, node, budget,
+        pinned and streamed bytes, what crosses to the next); empty for a session in one process."""
+        return list(getattr(self._exe, "infos", ()))
+
     def _build(self, graph: Graph, final: bool = False) -> int:
         """The store, the executable and the KV state for ``self.plan``; then what the executable reports it
         allocates is held to the budget (:func:`uaii.runtime.budget.check_memory`): returns the bytes it allocates
         beyond the plan's estimate when that is over the budget and another plan may fit (not ``final``), else 0."""
-        from uaii.storage import MmapStore
-
         o, b, backend = self.options, self._bundle, self.backend
         assert backend is not None
-        stream_kw: dict[str, Any] = {}
-        if o.budget_bytes:
-            self._store, stream_kw = streaming_setup(self.plan, graph, b, o)
-        if not stream_kw:
-            self._store = MmapStore(b.locations)
-        self._stream_kw = stream_kw
-        # W4 (device memory): which weights stay on a device backend under gpu_budget_bytes; host backends: unchanged
-        on_device = b.generative and backend.capabilities.device_memory > 0  # the KV cache a device holds
-        kv_device = kv_cache_bytes(graph, self._kv_slots(), o.kv_dtype) if on_device else 0
-        self.device_residency, self._device_kw = device_streaming(backend, graph, self.plan, o, stream_kw, kv_device)
-        self._exe = backend.compile(graph, self.plan, self._store,
-                                    **compile_options(backend.capabilities, o, self._device_kw))
+        built = build_executable(graph, self.plan, b, o, backend, kv_slots=self._kv_slots(), cached=b.generative)
+        self._exe, self._store, self._stream_kw = built.exe, built.store, built.stream_kw
+        self.device_residency, self._device_kw = built.device_residency, built.device_kw
         if b.generative:
             self._kv = self._new_kv_state(self._exe)
-        return check_memory(backend, self._exe, self._kv, self._own_options, self.plan, enforced=bool(stream_kw),
+        return check_memory(backend, self._exe, self._kv, self._own_options, self.plan, enforced=bool(built.stream_kw),
                             final=final)
 
     def _unbuild(self) -> None:
@@ -212,6 +228,8 @@ class Session(SequencesMixin):
         """Time every step of every forward pass from now on (the executables a pass uses start timing at their
         first pass), or stop. Only on a backend that declares :attr:`~uaii.backends.Capabilities.step_profile`."""
         backend = self.backend
+        if on and self.options.pipeline > 1:
+            raise SessionError("[runtime] a pipeline session's stages run on their nodes: no step profile here")
         if on and (backend is None or not backend.capabilities.step_profile):
             name = getattr(backend, "name", "none")
             raise SessionError(f"[runtime] backend {name!r} does not time its steps (its capabilities do not "

@@ -169,6 +169,61 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
                    help="CPU matrix products of quantized weights: fast (8-bit activations, as llama.cpp; 16-bit for "
                         "the output projection where the weight type has that kernel) or f32 (exact, slower); "
                         "default: $UAII_CPU_GEMM, else fast")
+    add_pipeline_options(ap)
+
+
+def add_pipeline_options(ap: argparse.ArgumentParser) -> None:
+    """--pipeline and its companions: the decoder's layers as stages on several nodes (Ray actors)."""
+    g = ap.add_argument_group("pipeline stages (Ray; pip install 'uaii-runtime[ray]')")
+    g.add_argument("--pipeline", type=int, default=None, metavar="K",
+                   help="run the decoder's layers as K stages, one Ray actor per node, each holding only its layers "
+                        "under its own budget (--budget-per-node, else the preset resolved on each node); per token "
+                        "only the hidden state crosses between nodes")
+    g.add_argument("--budget-per-node", metavar="BYTES", default=None,
+                   help="each stage's memory budget, e.g. 1.2GiB (with --pipeline; replaces --budget)")
+    g.add_argument("--pipeline-starts", metavar="L1,L2,...", default=None,
+                   help="the layers where stages 2..K begin (default: chosen from the budgets)")
+    g.add_argument("--ray-address", metavar="ADDR", default=None,
+                   help="the Ray cluster to join (default: Ray's own, as `ray.init()` finds it)")
+    g.add_argument("--pipeline-local", action="store_true",
+                   help="every stage in this process instead of on Ray nodes (checks a split on one machine)")
+    g.add_argument("--stage-timeout", type=float, default=None, metavar="S",
+                   help="seconds a stage may take to answer before it counts as lost (default 120)")
+
+
+def pipeline_options(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the pipeline flags applied. With --pipeline and no --budget-per-node the budget is left
+    to each stage's node (its preset resolved there); --budget, this machine's, is refused as ambiguous."""
+    k = getattr(args, "pipeline", None)
+    given = [flag for flag, name in (("--budget-per-node", "budget_per_node"), ("--pipeline-starts",
+             "pipeline_starts"), ("--ray-address", "ray_address"), ("--pipeline-local", "pipeline_local"),
+             ("--stage-timeout", "stage_timeout")) if getattr(args, name, None) not in (None, False)]
+    if k is None:
+        if given:
+            raise CliError(f"{', '.join(given)} apply only with --pipeline K")
+        return options
+    if k < 2:
+        raise CliError(f"--pipeline must be >= 2 (stages), found {k}")
+    if getattr(args, "budget", None) is not None:
+        raise CliError("--budget is this machine's budget; with --pipeline give each stage's: --budget-per-node")
+    out = {**options, "pipeline": k}
+    if args.budget_per_node is not None:
+        out["budget_bytes"] = presets.parse_bytes(args.budget_per_node)
+    else:
+        out.pop("budget_bytes", None)  # each stage resolves the preset on its own node
+    if args.pipeline_starts is not None:
+        try:
+            out["pipeline_starts"] = tuple(int(x) for x in args.pipeline_starts.split(","))
+        except ValueError:
+            raise CliError(f"--pipeline-starts takes layer numbers separated by commas, found "
+                           f"{args.pipeline_starts!r}") from None
+    if args.ray_address is not None:
+        out["ray_address"] = args.ray_address
+    if args.pipeline_local:
+        out["pipeline_transport"] = "local"
+    if args.stage_timeout is not None:
+        out["stage_timeout_s"] = args.stage_timeout
+    return out
 
 
 def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str, Any]]:
@@ -194,7 +249,7 @@ def runtime_options(args: argparse.Namespace) -> tuple[presets.Preset, dict[str,
     if getattr(args, "gemm", None) is not None:
         options["gemm"] = args.gemm
     options.update(device_options(args))
-    return preset, options
+    return preset, pipeline_options(args, options)
 
 
 def device_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -215,5 +270,6 @@ def device_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-__all__ = ["CliError", "Context", "SessionFactory", "add_model_argument", "add_runtime_options", "check_text",
-           "default_session_factory", "device_options", "model_path", "read_stdin", "runtime_options"]
+__all__ = ["CliError", "Context", "SessionFactory", "add_model_argument", "add_pipeline_options",
+           "add_runtime_options", "check_text", "default_session_factory", "device_options", "model_path",
+           "pipeline_options", "read_stdin", "runtime_options"]

@@ -32,6 +32,14 @@ def add_parsers(sub: Any) -> None:
                    help="memory budget, e.g. 256MiB (default: the auto preset's; 0 = unlimited)")
     p.add_argument("--preset", choices=presets.PRESET_NAMES, default=None, help="memory preset (default auto)")
     p.add_argument("--json", action="store_true", help="print the planner's summary as one JSON object")
+    p.add_argument("--pipeline", type=int, default=None, metavar="K",
+                   help="plan K pipeline stages instead (one per node): the split and each stage's plan")
+    p.add_argument("--budget-per-node", metavar="BYTES", default=None,
+                   help="each stage's budget with --pipeline (default: the preset's on this machine)")
+    p.add_argument("--pipeline-starts", metavar="L1,L2,...", default=None,
+                   help="the layers where stages 2..K begin (default: chosen from the budgets)")
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="tokens of KV cache each stage plans for (default: the model's context)")
     p.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("presets", help="the memory presets and their numbers on this machine")
@@ -157,6 +165,10 @@ def cmd_plan(args: argparse.Namespace, ctx: Context) -> int:
         raise CliError("uaii plan needs uaii-planner, which is not installed: pip install uaii-planner") from None
 
     path = model_path(args.model)
+    if args.pipeline is not None:
+        return plan_pipeline(args, ctx, path)
+    if args.budget_per_node is not None or args.pipeline_starts is not None:
+        raise CliError("--budget-per-node and --pipeline-starts apply only with --pipeline K")
     preset = presets.resolve(args.preset, args.budget)
     session = ctx.open_session(path, **preset.session_options())  # the plan the runtime would run with
     try:
@@ -190,6 +202,47 @@ def cmd_plan(args: argparse.Namespace, ctx: Context) -> int:
             continue
         totals.add_row(key.removesuffix("_bytes").replace("_", " "), report.size(value) if value else "0")
     ctx.out.print(totals)
+    return 0
+
+
+def plan_pipeline(args: argparse.Namespace, ctx: Context, path: Any) -> int:
+    """``uaii plan --pipeline K``: the split for K nodes of --budget-per-node each and every stage's plan, made
+    here without compiling or reading a weight (uaii.runtime.pipeline.plan_stages)."""
+    from uaii.runtime.pipeline import plan_stages
+
+    if args.pipeline < 2:
+        raise CliError(f"--pipeline must be >= 2 (stages), found {args.pipeline}")
+    if args.budget is not None:
+        raise CliError("--budget is one process's budget; with --pipeline give each stage's: --budget-per-node")
+    preset = presets.resolve(args.preset, args.budget_per_node)
+    options = {k: v for k, v in preset.session_options().items() if k not in ("preset", "budget_bytes")}
+    if args.max_context is not None:
+        options["max_context"] = args.max_context
+    try:
+        starts = tuple(int(x) for x in args.pipeline_starts.split(",")) if args.pipeline_starts else ()
+    except ValueError:
+        raise CliError(f"--pipeline-starts takes layer numbers separated by commas, found "
+                       f"{args.pipeline_starts!r}") from None
+    stages = plan_stages(path, args.pipeline, preset.budget_bytes, starts, **options)
+    if args.json:
+        report.print_json({"model": str(path), "preset": preset.name, "budget_per_node": preset.budget_bytes,
+                           "stages": [asdict(s) for s in stages]})
+        return 0
+    ctx.out.print(f"pipeline plan of {path.name} · {args.pipeline} stages · budget per node "
+                  f"{report.size(preset.budget_bytes) if preset.budget_bytes else 'unlimited'}", highlight=False,
+                  soft_wrap=True)
+    t = Table(title="stages", title_justify="left")
+    for col in ("stage", "layers", "weights", "pinned", "streamed / token", "KV cache", "memory", "sends / token"):
+        t.add_column(col, justify="left" if col in ("stage", "layers") else "right")
+    for s in stages:
+        t.add_row(str(s.index), f"{s.first}-{s.last - 1}", report.size(s.weight_bytes), report.size(s.pinned_bytes),
+                  report.size(s.streamed_bytes_per_token) if s.streamed_bytes_per_token else "0",
+                  report.size(s.kv_cache_bytes), report.size(s.total_bytes),
+                  report.size(s.sends_bytes_per_token) if s.sends_bytes_per_token else "-")
+    ctx.out.print(t)
+    streamed = sum(s.streamed_bytes_per_token for s in stages)
+    ctx.out.print(f"per token: {report.size(streamed) if streamed else 'nothing'} read from disk over all stages, "
+                  f"{report.size(sum(s.sends_bytes_per_token for s in stages))} sent between them", highlight=False)
     return 0
 
 
