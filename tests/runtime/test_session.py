@@ -11,6 +11,7 @@ import pytest
 
 from uaii.ir import DType, Node, Tensor, WeightRef, make_graph, save, validate
 from uaii.runtime import GenerationResult, SamplingParams, Session, SessionError, SessionOptions, SessionState
+from uaii.runtime.budget import kv_cache_bytes
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -173,7 +174,10 @@ def test_presets_and_auto_device(tiny: Path, caplog: pytest.LogCaptureFixture) -
     with caplog.at_level(logging.WARNING), Session(tiny, device="auto", preset="laptop") as s:
         assert s.backend.name == "cpu"
         assert s.options.budget_bytes == 2 << 30 and s.options.kv_window == 2048
-        assert s._kv.capacity == 2048 + 4
+        # the tiny llama's context is 128 positions: a 2048-token window never slides there, so the cache is the
+        # context's (it was 2052 slots, 16x the bytes, before planning.windowed)
+        assert s.context == 128 and s._kv.capacity == 128 and s.plan.storage.kv_cache_bytes == \
+            kv_cache_bytes(s.graph, 128, s.options.kv_dtype)
         assert s.generate([1, 2, 3], max_new_tokens=3, ignore_eos=True).tokens
         # the preset's budget is enforced: a streaming store, and the tiny model fits it pinned (nothing streams)
         assert s.storage_stats()["mode"] == "streaming" and not s.streaming

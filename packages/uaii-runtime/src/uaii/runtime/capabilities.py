@@ -87,15 +87,17 @@ def compile_options(caps: Capabilities, options: SessionOptions, streaming: dict
     return kw
 
 
-def kv_state_options(options: SessionOptions) -> dict[str, Any]:
-    """Keyword options of ``exe.new_state``: the dtype, and positions and the window only where they differ from
-    the defaults (a backend without ``kv_window`` need not take ``window``; :func:`check_backend` checked the
-    rest)."""
+def kv_state_options(options: SessionOptions, context: int) -> dict[str, Any]:
+    """Keyword options of ``exe.new_state`` for a state of ``context`` tokens: the dtype, and positions and the
+    window only where they differ from the defaults (a backend without ``kv_window`` need not take ``window``;
+    :func:`check_backend` checked the rest), the window only where it is one (uaii.runtime.planning.windowed)."""
+    from uaii.runtime.planning import windowed
+
     o = options
     kw: dict[str, Any] = {"dtype": o.kv_dtype}
     if o.kv_positions != "absolute":
         kw["positions"] = o.kv_positions
-    if o.kv_window:
+    if windowed(o, context):
         kw.update(window=o.kv_window, sinks=o.kv_sinks)
     return kw
 

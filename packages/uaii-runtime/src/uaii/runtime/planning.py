@@ -33,10 +33,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("uaii.runtime")
 
 
-def kv_slots(options: SessionOptions, context: int) -> int:
-    """Slots of the session's KV state: the window plus sinks, or the whole context."""
+def windowed(options: SessionOptions, context: int) -> bool:
+    """Whether the KV state is a resident window: a window is set and, with absolute positions, smaller than the
+    context. Positions stop at the context, so a larger window never slides: the state is then the context's, in
+    fewer slots (``--max-context 256`` under the auto preset's 2048-token window allocated 8x the bytes)."""
     o = options
-    return o.kv_window + o.kv_sinks if o.kv_window else context
+    return bool(o.kv_window) and (o.kv_positions == "cache" or o.kv_window + o.kv_sinks < context)
+
+
+def kv_slots(options: SessionOptions, context: int) -> int:
+    """Slots of the session's KV state: the window plus sinks (:func:`windowed`), or the whole context."""
+    o = options
+    return o.kv_window + o.kv_sinks if windowed(o, context) else context
 
 
 def arena_policy(backend: Backend) -> ArenaPolicy | None:
@@ -117,4 +125,4 @@ def replan(graph: Graph, bundle: ModelBundle, options: SessionOptions, *, backen
                           parts={**exc.parts, "unplanned": unplanned}) from None
 
 
-__all__ = ["arena_policy", "kv_slots", "replan", "session_plan"]
+__all__ = ["arena_policy", "kv_slots", "replan", "session_plan", "windowed"]

@@ -187,7 +187,7 @@ class Session(SequencesMixin):
 
     def _new_kv_state(self, exe: Executable) -> KVStateLike:
         o = self.options
-        kv_kw = kv_state_options(o)
+        kv_kw = kv_state_options(o, self.context)
         try:
             return exe.new_state(self.context, **kv_kw)
         except UaiiError as exc:

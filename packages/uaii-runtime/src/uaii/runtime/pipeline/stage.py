@@ -119,7 +119,8 @@ class StageRunner:
         return self._built
 
     def _new_state(self) -> Any:
-        state = self._require().exe.new_state(self.bounds.context, **kv_state_options(self.options))
+        context = self.bounds.context
+        state = self._require().exe.new_state(context, **kv_state_options(self.options, context))
         self._states[self._next_id] = state
         self._next_id += 1
         return state
