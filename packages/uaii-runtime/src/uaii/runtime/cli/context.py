@@ -183,8 +183,10 @@ def add_pipeline_options(ap: argparse.ArgumentParser) -> None:
                    help="each stage's memory budget, e.g. 1.2GiB (with --pipeline; replaces --budget)")
     g.add_argument("--pipeline-starts", metavar="L1,L2,...", default=None,
                    help="the layers where stages 2..K begin (default: chosen from the budgets)")
-    g.add_argument("--ray-address", metavar="ADDR", default=None,
-                   help="the Ray cluster to join (default: Ray's own, as `ray.init()` finds it)")
+    g.add_argument("--ray-address", "--address", dest="ray_address", metavar="ADDR", default=None,
+                   help="the Ray cluster to join, for --pipeline (and uaii serve --ray), e.g. 10.0.0.5:6379 or auto "
+                        "(default: --pipeline joins the one Ray finds, as `ray.init()` does; serve --ray starts a "
+                        "local one)")
     g.add_argument("--pipeline-local", action="store_true",
                    help="every stage in this process instead of on Ray nodes (checks a split on one machine)")
     g.add_argument("--stage-timeout", type=float, default=None, metavar="S",
@@ -195,12 +197,15 @@ def pipeline_options(args: argparse.Namespace, options: dict[str, Any]) -> dict[
     """``options`` with the pipeline flags applied. With --pipeline and no --budget-per-node the budget is left
     to each stage's node (its preset resolved there); --budget, this machine's, is refused as ambiguous."""
     k = getattr(args, "pipeline", None)
+    replicas = bool(getattr(args, "ray", False))  # uaii serve --ray joins the cluster at --ray-address too
     given = [flag for flag, name in (("--budget-per-node", "budget_per_node"), ("--pipeline-starts",
              "pipeline_starts"), ("--ray-address", "ray_address"), ("--pipeline-local", "pipeline_local"),
-             ("--stage-timeout", "stage_timeout")) if getattr(args, name, None) not in (None, False)]
+             ("--stage-timeout", "stage_timeout")) if getattr(args, name, None) not in (None, False)
+             and not (replicas and name == "ray_address")]
     if k is None:
         if given:
-            raise CliError(f"{', '.join(given)} apply only with --pipeline K")
+            also = " (--ray-address also with uaii serve --ray)" if hasattr(args, "ray") else ""
+            raise CliError(f"{', '.join(given)} apply only with --pipeline K{also}")
         return options
     if k < 2:
         raise CliError(f"--pipeline must be >= 2 (stages), found {k}")

@@ -7,7 +7,8 @@ inside an import; nothing else in uaii.runtime imports it.
     from uaii.runtime.serve import ServerState, create_app
     app = create_app(ServerState(model="model.gguf"))   # any ASGI server runs it; `uaii serve` uses uvicorn
 
-See docs/serve.md.
+``ray_replicas`` deploys the same app on Ray Serve replicas (``uaii serve --ray``, the ``ray`` extra); nothing here
+imports it. See docs/serve.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ limit, never buffered whole) and the error handlers that give every refusal Open
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -41,8 +41,17 @@ async def health(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
+MetricsPage = Callable[[ServerState], Awaitable[str]]
+
+
+async def local_metrics(state: ServerState) -> str:
+    """The /metrics page of this process's server (the default of :func:`create_app`)."""
+    return metrics.render(state)
+
+
 async def prometheus(request: Request) -> Response:
-    return Response(metrics.render(request.app.state.uaii), media_type=metrics.CONTENT_TYPE)
+    page: MetricsPage = request.app.state.metrics_page
+    return Response(await page(request.app.state.uaii), media_type=metrics.CONTENT_TYPE)
 
 
 class DeclaredLengthLimit:
@@ -91,8 +100,10 @@ def build_middleware(state: ServerState) -> list[Middleware]:
     return stack
 
 
-def create_app(state: ServerState) -> Starlette:
-    """The ASGI app serving ``state``; closing the app (lifespan shutdown) closes the state's model."""
+def create_app(state: ServerState, *, metrics_page: MetricsPage = local_metrics) -> Starlette:
+    """The ASGI app serving ``state``; closing the app (lifespan shutdown) closes the state's model.
+    ``metrics_page`` renders /metrics: this server's figures, or (a Ray replica, serve/ray_replicas.py) those of
+    every replica of the deployment."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -104,7 +115,8 @@ def create_app(state: ServerState) -> Starlette:
     app = Starlette(routes=build_routes(state), middleware=build_middleware(state),
                     exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.uaii = state
+    app.state.metrics_page = metrics_page
     return app
 
 
-__all__ = ["build_middleware", "build_routes", "create_app", "health"]
+__all__ = ["MetricsPage", "build_middleware", "build_routes", "create_app", "health", "local_metrics"]
