@@ -129,7 +129,9 @@ def stage_run(path: Path, args: argparse.Namespace, transport: str) -> dict[str,
 
 
 def ray_run(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    import ray
+    from uaii.runtime.ray_support import import_ray
+
+    ray = import_ray()  # `make bench-ray` runs under `uv run`: its workers must not (uaii.runtime.ray_support)
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,

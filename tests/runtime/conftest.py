@@ -8,10 +8,17 @@ GGUF written by that module), which takes precedence there.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+from uaii.runtime.ray_support import UV_HOOK_ENV
+
+# Ray's workers run this interpreter, not `uv run` again (`make test` runs pytest under uv run; see
+# uaii.runtime.ray_support): the test modules import Ray themselves, before any uaii entry point could say so.
+os.environ.setdefault(UV_HOOK_ENV, "0")
 
 _HELPERS = Path(__file__).resolve().parents[1] / "loaders" / "loader_helpers.py"
 if "loader_helpers" not in sys.modules:

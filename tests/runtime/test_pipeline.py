@@ -62,7 +62,9 @@ def test_local_stages_give_the_single_process_tokens(models: dict, name: str, st
         ids = s.tokenize(prompt) if isinstance(prompt, str) else prompt
         logits = s.prefill(seq, ids)
         assert int(logits.argmax()) == want[0]
+        assert [st["states"] for st in s._exe.stats()] == [2] * stages  # the session's own and the sequence's
         s.release(seq)
+        assert [st["states"] for st in s._exe.stats()] == [1] * stages  # freed on every stage
 
 
 def test_each_stage_plans_its_own_budget_and_streams_what_it_cannot_pin(smollm2_path: Path,
@@ -193,3 +195,23 @@ def test_cli_pipeline_flags_are_checked(smollm2_path: Path, argv: list[str], mes
 
     assert main(["run", str(smollm2_path), "-p", "x", *argv]) != 0
     assert message in capsys.readouterr().err
+
+
+# --- served ----------------------------------------------------------------------------------------------------------
+def test_the_server_runs_a_pipeline_session_for_concurrent_requests(cluster: Any, smollm2_path: Path) -> None:
+    """`uaii serve --pipeline 2`: the engine's sequences each get a KV state on every stage (one pass per sequence:
+    no batched decode across stages); three concurrent requests get the replies they get alone, and a finished
+    request's states are freed on the stages."""
+    import concurrent.futures
+
+    import httpx
+    from serve_support import running_server
+
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    with Session(smollm2_path, **OPTS) as s:
+        want = s.generate(PROMPT, max_new_tokens=8).text
+    with running_server(model=smollm2_path, session_options={**OPTS, "pipeline": 2}) as url:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            replies = list(pool.map(lambda _: httpx.post(f"{url}/v1/completions", json=body, timeout=120), range(3)))
+        assert [r.status_code for r in replies] == [200] * 3
+        assert [r.json()["choices"][0]["text"] for r in replies] == [want] * 3

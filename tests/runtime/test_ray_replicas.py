@@ -34,6 +34,7 @@ from uaii.runtime.presets import GiB, MiB, get_preset  # noqa: E402
 from uaii.runtime.serve import ServerState, metrics  # noqa: E402
 from uaii.runtime.serve.errors import ServeError  # noqa: E402
 from uaii.runtime.serve.ray_replicas import (  # noqa: E402
+    APP_NAME,
     CONTROL_SLOTS,
     ROUTER,
     ReplicaSpec,
@@ -41,6 +42,7 @@ from uaii.runtime.serve.ray_replicas import (  # noqa: E402
     deploy,
     share_preset,
 )
+from uaii.runtime.serve.state import Limits  # noqa: E402
 
 CLIENTS = 8
 TOKENS = 24  # the concurrent clients' replies
@@ -293,6 +295,47 @@ def test_a_replica_that_cannot_load_its_model_fails_the_deploy(cluster: str, tmp
     assert "uaii" not in serve.status().applications  # nothing half-deployed is left
 
 
+def test_autoscaling_adds_a_replica_while_requests_queue(cluster: str, smollm2_path: Path,
+                                                        expected: dict[str, list[bytes]]) -> None:
+    """--autoscale 1:2 with a one-sequence batch: streams kept queueing on the one replica (4 in flight, each
+    replaced when it ends) until the autoscaler adds the second (its delays shortened from Ray's 30 s); every
+    stream gets the reply one process gives."""
+    from ray import serve
+
+    spec = ReplicaSpec(model=str(smollm2_path), session_options=session_options(smollm2_path),
+                       limits=Limits(max_sequences=1))
+    deployed = deploy(spec, Scaling(autoscale=(1, 2), upscale_delay_s=1.0, look_back_s=12.0), host="127.0.0.1",
+                      port=0)
+
+    def running() -> int:
+        status = serve.status().applications[APP_NAME].deployments[APP_NAME]
+        return int(status.replica_states.get("RUNNING", 0))
+
+    replies: list[tuple[str, Reply]] = []
+    threads: list[threading.Thread] = []
+    try:
+        assert running() == 1
+        deadline, most, n = time.monotonic() + 120, 1, 0
+        while time.monotonic() < deadline and most < 2:
+            while sum(t.is_alive() for t in threads) < 4:  # keep 4 in flight: a queue the autoscaler sees
+                prompt = PROMPTS[n % len(PROMPTS)]
+                reply = Reply()
+                replies.append((prompt, reply))
+                threads.append(threading.Thread(target=stream_chat, daemon=True,
+                                                 args=(deployed.url, prompt, KILL_TOKENS, reply)))
+                threads[-1].start()
+                n += 1
+            most = max(most, running())
+            time.sleep(0.5)
+        for t in threads:
+            t.join(timeout=240)
+        assert most == 2, f"no second replica after {n} requests queued on a 1-sequence replica"
+        for prompt, reply in replies:
+            assert reply.complete and reply.tokens == expected[prompt], f"{prompt!r}: {reply.error}"
+    finally:
+        deployed.close()
+
+
 # ------------------------------------------------------------------------------------------------ no cluster
 @pytest.mark.parametrize(("flags", "said"), [
     (["--replicas", "2"], "--replicas needs --ray"),
@@ -326,7 +369,8 @@ def test_scaling_options() -> None:
     assert fixed["request_router_config"] == {"request_router_class": ROUTER}
     auto = Scaling(autoscale=(1, 4)).deployment_options(8)
     assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
-                                          "target_ongoing_requests": 8}
+                                          "target_ongoing_requests": 8, "upscale_delay_s": 30.0,
+                                          "look_back_period_s": 30.0}
     assert "num_replicas" not in auto and Scaling(autoscale=(1, 4)).most == 4
     with pytest.raises(Exception, match="replicas must be >= 1"):
         Scaling(0)

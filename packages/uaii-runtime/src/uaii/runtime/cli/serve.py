@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from uaii.runtime import presets
+from uaii.runtime.ray_support import import_ray
 
 from .context import CliError, Context, add_runtime_options, model_path, pipeline_options, runtime_options
 
@@ -80,6 +81,7 @@ def cmd_serve(args: argparse.Namespace, ctx: Context) -> int:
                        f"{EXTRA_HINT}") from None
     if scaling is not None:
         try:
+            import_ray()  # first, with the uv-run hook off (uaii.runtime.ray_support)
             import_module("ray.serve")
         except ImportError as exc:
             raise CliError(f"uaii serve --ray needs the ray extra ({exc.name or 'ray'} is not installed): "

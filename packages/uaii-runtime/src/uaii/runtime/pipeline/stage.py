@@ -53,6 +53,7 @@ class StageRunner:
         self._built: Built | None = None
         self._states: dict[int, Any] = {}
         self._next_id = 1
+        self.kv_bytes = 0  # one sequence's KV state here, at capacity
         self.busy_s = 0.0  # time in forward passes
         self.passes = 0
 
@@ -91,9 +92,14 @@ class StageRunner:
         slots = kv_slots(o, self.bounds.context)
         self._built = built = build_executable(self.stage.graph, self.plan, self._bundle, o, self.backend,
                                                kv_slots=slots, cached=True)
-        probe = self._new_state()
-        return check_memory(self.backend, built.exe, probe, o, self.plan, enforced=bool(built.stream_kw),
-                            final=final)
+        probe = self.new_state()  # a sequence's state, to hold it to the budget with the rest; then freed
+        state = self._states[probe]
+        self.kv_bytes = int(state.nbytes)
+        try:
+            return check_memory(self.backend, built.exe, state, o, self.plan, enforced=bool(built.stream_kw),
+                                final=final)
+        finally:
+            self.release(probe)
 
     def summary(self) -> dict[str, Any]:
         """The stage's layers, weights and what one token reads and moves (see PipelineInfo)."""
@@ -106,11 +112,8 @@ class StageRunner:
                 "pinned_bytes": int(storage.pinned_bytes) if storage is not None else st.weight_bytes,
                 "streamed_bytes_per_token": int(storage.streamed_bytes_per_token) if storage is not None else 0,
                 "bytes_per_token": bytes_per_token(st.graph, self._bundle.locations, self.plan),
-                "kv_bytes": self._kv_bytes(), "arena_bytes": mem.arena_bytes,
+                "kv_bytes": self.kv_bytes, "arena_bytes": mem.arena_bytes,
                 "receives": list(st.receives), "sends": list(st.sends)}
-
-    def _kv_bytes(self) -> int:
-        return int(next(iter(self._states.values())).nbytes) if self._states else 0
 
     # --- KV states ---------------------------------------------------------------------------------------------
     def _require(self) -> Built:
@@ -183,10 +186,11 @@ class StageRunner:
         return {"values": values, "lengths": lengths}
 
     def stats(self) -> dict[str, Any]:
-        """Passes run and the seconds they took here (the driver compares them with its wall time: the hops)."""
+        """Passes run and the seconds they took here (the driver compares them with its wall time: the hops), and
+        the KV states held."""
         built = self._built
         storage = storage_stats(built.store, self.plan, built.exe) if built is not None and built.stream_kw else {}
-        return {"passes": self.passes, "busy_s": self.busy_s, "storage": storage}
+        return {"passes": self.passes, "busy_s": self.busy_s, "states": len(self._states), "storage": storage}
 
     # --- the end ---------------------------------------------------------------------------------------------
     def _close_built(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from uaii.ir import UaiiError
 from uaii.runtime.errors import SessionError
 from uaii.runtime.pipeline.stage import StageRunner
+from uaii.runtime.ray_support import import_ray
 
 log = logging.getLogger("uaii.runtime")
 RAY_HINT = "pip install 'uaii-runtime[ray]'"
@@ -74,7 +75,7 @@ class RayStages:
     def __init__(self, model: str | Path, options: Sequence[Mapping[str, Any]], *, address: str | None = None,
                  cpus: float = 1.0, timeout_s: float = 120.0) -> None:
         try:
-            import ray
+            ray = import_ray()
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         except ImportError as exc:

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from uaii.ir import UaiiError
 from uaii.runtime.presets import Preset
+from uaii.runtime.ray_support import import_ray
 
 from . import metrics
 from .app import create_app
@@ -66,6 +67,11 @@ class Scaling:
 
     replicas: int = 1
     autoscale: tuple[int, int] | None = None
+    # how long requests must queue before a replica is added, and over how long the queue is averaged: Ray
+    # Serve's defaults (30 s each); a deployment that must react faster (a test) sets less, the look-back above
+    # the replicas' 10 s metrics period
+    upscale_delay_s: float = 30.0
+    look_back_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -91,7 +97,9 @@ class Scaling:
         else:
             lo, hi = self.autoscale
             options["autoscaling_config"] = {"min_replicas": lo, "max_replicas": hi, "initial_replicas": lo,
-                                             "target_ongoing_requests": max_sequences}
+                                             "target_ongoing_requests": max_sequences,
+                                             "upscale_delay_s": self.upscale_delay_s,
+                                             "look_back_period_s": self.look_back_s}
         return options
 
 
@@ -276,7 +284,7 @@ def deploy(spec: ReplicaSpec, scaling: Scaling, *, host: str, port: int, address
     the app on ``scaling``'s replicas; returns once every replica serves. A process already connected to Ray
     (``ray.init`` done by the caller) deploys on that connection and leaves it open on close."""
     try:
-        import ray
+        ray = import_ray()
         from ray import serve  # noqa: F401  (here: a missing Ray is this one error)
     except ImportError as exc:
         raise ServeError(f"replicas on Ray need the ray extra ({exc.name or 'ray'} is not installed): "
