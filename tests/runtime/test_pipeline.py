@@ -67,6 +67,28 @@ def test_local_stages_give_the_single_process_tokens(models: dict, name: str, st
         assert [st["states"] for st in s._exe.stats()] == [1] * stages  # freed on every stage
 
 
+def test_a_pass_a_later_stage_refuses_leaves_every_stage_as_it_was(smollm2_path: Path, models: dict,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 0 has run its part when stage 1 raises: the pass fails, stage 0's cache is rewound with the rest, and
+    the next generation gives the reference tokens (not a 'stages disagree' error, nor tokens after a stray one)."""
+    with Session(smollm2_path, pipeline=2, pipeline_transport="local", **OPTS) as s:
+        last = s._exe.stages.runners[1]
+        real, calls = last.run, [0]
+
+        def refuse_the_fifth(*args: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 5:
+                raise SessionError("[runtime] refused for the test")
+            return real(*args)
+
+        monkeypatch.setattr(last, "run", refuse_the_fifth)
+        with pytest.raises(SessionError, match="refused for the test"):
+            s.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+        assert [st["states"] for st in s._exe.stats()] == [1, 1]
+        assert s._exe.stages.runners[0].length(s._kv.ids[0]) == s._exe.stages.runners[1].length(s._kv.ids[1])
+        assert list(s.generate(PROMPT, max_new_tokens=N, ignore_eos=True).tokens) == models["smollm2"][2]
+
+
 def test_each_stage_plans_its_own_budget_and_streams_what_it_cannot_pin(smollm2_path: Path,
                                                                         models: dict) -> None:
     """A budget that holds about half of a stage's layers: every stage streams the rest, the tokens are the same."""

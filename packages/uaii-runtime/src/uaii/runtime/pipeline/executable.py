@@ -109,7 +109,14 @@ class PipelineExecutable:
         if not isinstance(state, PipelineState):
             raise SessionError(f"[runtime] a pipeline runs one sequence's KV state per pass (batched decode is not "
                                f"supported across stages), found {type(state).__name__}")
-        reply = self.stages.chain({k: np.asarray(v) for k, v in feeds.items()}, state.ids)
+        before = state.length
+        try:
+            reply = self.stages.chain({k: np.asarray(v) for k, v in feeds.items()}, state.ids)
+        except StageFailure:
+            raise
+        except BaseException:  # a stage refused the pass after the ones before it ran: every stage back to before
+            state.truncate(before)
+            raise
         state._length = self.agreed(reply["lengths"], "a forward pass")
         return {"logits": reply["values"]["logits"]}
 
