@@ -193,6 +193,14 @@ def add_pipeline_options(ap: argparse.ArgumentParser) -> None:
                    help="seconds a stage may take to answer before it counts as lost (default 120)")
 
 
+def pipeline_starts(text: str) -> tuple[int, ...]:
+    """The layers of ``--pipeline-starts L1,L2,...``."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise CliError(f"--pipeline-starts takes layer numbers separated by commas, found {text!r}") from None
+
+
 def pipeline_options(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with the pipeline flags applied. With --pipeline and no --budget-per-node the budget is left
     to each stage's node (its preset resolved there); --budget, this machine's, is refused as ambiguous."""
@@ -217,11 +225,7 @@ def pipeline_options(args: argparse.Namespace, options: dict[str, Any]) -> dict[
     else:
         out.pop("budget_bytes", None)  # each stage resolves the preset on its own node
     if args.pipeline_starts is not None:
-        try:
-            out["pipeline_starts"] = tuple(int(x) for x in args.pipeline_starts.split(","))
-        except ValueError:
-            raise CliError(f"--pipeline-starts takes layer numbers separated by commas, found "
-                           f"{args.pipeline_starts!r}") from None
+        out["pipeline_starts"] = pipeline_starts(args.pipeline_starts)
     if args.ray_address is not None:
         out["ray_address"] = args.ray_address
     if args.pipeline_local:
@@ -277,4 +281,4 @@ def device_options(args: argparse.Namespace) -> dict[str, Any]:
 
 __all__ = ["CliError", "Context", "SessionFactory", "add_model_argument", "add_pipeline_options",
            "add_runtime_options", "check_text", "default_session_factory", "device_options", "model_path",
-           "pipeline_options", "read_stdin", "runtime_options"]
+           "pipeline_options", "pipeline_starts", "read_stdin", "runtime_options"]

@@ -12,7 +12,7 @@ from uaii.ir import UaiiError
 from uaii.runtime import presets
 
 from . import report
-from .context import CliError, Context, add_model_argument, model_path
+from .context import CliError, Context, add_model_argument, model_path, pipeline_starts
 
 
 def add_parsers(sub: Any) -> None:
@@ -218,11 +218,7 @@ def plan_pipeline(args: argparse.Namespace, ctx: Context, path: Any) -> int:
     options = {k: v for k, v in preset.session_options().items() if k not in ("preset", "budget_bytes")}
     if args.max_context is not None:
         options["max_context"] = args.max_context
-    try:
-        starts = tuple(int(x) for x in args.pipeline_starts.split(",")) if args.pipeline_starts else ()
-    except ValueError:
-        raise CliError(f"--pipeline-starts takes layer numbers separated by commas, found "
-                       f"{args.pipeline_starts!r}") from None
+    starts = pipeline_starts(args.pipeline_starts) if args.pipeline_starts else ()
     stages = plan_stages(path, args.pipeline, preset.budget_bytes, starts, **options)
     if args.json:
         report.print_json({"model": str(path), "preset": preset.name, "budget_per_node": preset.budget_bytes,

@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from uaii.ir import Graph
-from uaii.ir.kvcache import kv_layers
 from uaii.runtime.errors import SessionError
 from uaii.runtime.options import PIPELINE_OPTIONS, SessionOptions
 from uaii.runtime.pipeline.executable import PipelineExecutable, PipelineState, StageInfo
-from uaii.runtime.pipeline.plan import StagePlan, crossing_bytes, plan_stages
+from uaii.runtime.pipeline.plan import StagePlan, crossing_bytes, layer_kv_bytes, plan_stages, stage_starts
 from uaii.runtime.pipeline.stage import StageRunner
 from uaii.runtime.pipeline.transport import RAY_HINT, LocalStages, RayStages, StageFailure
-from uaii.runtime.planning import kv_slots
 
 
 def stage_options(given: Mapping[str, Any], context: int) -> dict[str, Any]:
@@ -32,19 +30,9 @@ def stage_options(given: Mapping[str, Any], context: int) -> dict[str, Any]:
     return kw
 
 
-def layer_kv_bytes(graph: Graph, options: SessionOptions, context: int) -> list[int]:
-    """Bytes of one sequence's KV cache per cached layer, at capacity: what a layer costs a stage beside its
-    weights."""
-    width = 2 if options.kv_dtype == "f16" else 4
-    slots = kv_slots(options, context)
-    return [kv.elements_per_token() * width * slots for kv in kv_layers(graph)]
-
-
 def open_pipeline(path: str | Path, graph: Graph, options: SessionOptions, given: Mapping[str, Any],
                   context: int) -> PipelineExecutable:
     """The stages of ``graph`` (the model at ``path``, as the Session runs it) started, split and built."""
-    from uaii.planner import choose_split
-
     k = options.pipeline
     if k < 2:
         raise SessionError(f"[runtime] a pipeline has at least 2 stages, found pipeline={k}")
@@ -54,8 +42,7 @@ def open_pipeline(path: str | Path, graph: Graph, options: SessionOptions, given
                    RayStages(model, per_stage, address=options.ray_address, timeout_s=options.stage_timeout_s))
     try:
         described = stages.call("describe")
-        starts = list(options.pipeline_starts) or choose_split(
-            graph, k, [d["budget_bytes"] for d in described], layer_kv_bytes(graph, options, context))
+        starts = stage_starts(graph, options, [d["budget_bytes"] for d in described], context)
         infos = [StageInfo.of(s) for s in stages.call("build", [(starts, i) for i in range(k)])]
     except BaseException:
         stages.close()
@@ -65,4 +52,4 @@ def open_pipeline(path: str | Path, graph: Graph, options: SessionOptions, given
 
 __all__ = ["RAY_HINT", "LocalStages", "PipelineExecutable", "PipelineState", "RayStages", "StageFailure",
            "StageInfo", "StagePlan", "StageRunner", "crossing_bytes", "layer_kv_bytes", "open_pipeline", "plan_stages",
-           "stage_options"]
+           "stage_options", "stage_starts"]

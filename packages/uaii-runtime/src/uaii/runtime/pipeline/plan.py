@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from uaii.ir import num_elements
+from uaii.ir import Graph, num_elements
+from uaii.ir.kvcache import kv_layers
 from uaii.runtime.bounds import ContextBounds
 from uaii.runtime.budget import kv_cache_bytes
 from uaii.runtime.errors import SessionError
@@ -48,23 +49,39 @@ def crossing_bytes(graph: Any, values: Sequence[str]) -> int:
     return total
 
 
+def layer_kv_bytes(graph: Graph, options: SessionOptions, context: int) -> list[int]:
+    """Bytes of one sequence's KV cache per cached layer, at capacity: what a layer costs a stage beside its
+    weights."""
+    width = 2 if options.kv_dtype == "f16" else 4
+    slots = kv_slots(options, context)
+    return [kv.elements_per_token() * width * slots for kv in kv_layers(graph)]
+
+
+def stage_starts(graph: Any, options: SessionOptions, budgets: Sequence[int], context: int) -> list[int]:
+    """Where stages 1 .. K - 1 begin: ``options.pipeline_starts`` when given, else the split
+    :func:`uaii.planner.choose_split` picks for the stages' ``budgets`` (their layers' KV caches counted)."""
+    from uaii.planner import choose_split
+
+    return list(options.pipeline_starts) or choose_split(graph, options.pipeline, budgets,
+                                                         layer_kv_bytes(graph, options, context))
+
+
 def plan_stages(path: str | Path, stages: int, budget_bytes: int, starts: Sequence[int] = (),
                 **options: Any) -> list[StagePlan]:
     """The stages of the model at ``path`` split for ``stages`` nodes of ``budget_bytes`` each (0: unlimited), or
     at ``starts``; ``options``: the other Session options the stages would run with."""
     from uaii.backends import select_device
-    from uaii.planner import choose_split, split_graph
+    from uaii.planner import split_graph
 
-    from . import layer_kv_bytes
-
-    o = SessionOptions.from_kwargs({**options, "budget_bytes": budget_bytes})
+    o = SessionOptions.from_kwargs({**options, "budget_bytes": budget_bytes, "pipeline": stages,
+                                    "pipeline_starts": tuple(starts)})
     bundle = load_bundle(path)
     if not bundle.generative:
         raise SessionError(f"[runtime] {bundle.path.name} is not a decoder LM with a KV cache: only those run as "
                            "pipeline stages")
     bounds, o = ContextBounds.of(bundle, o)
     graph = last_token_logits(bundle.graph)
-    cut = list(starts) or choose_split(graph, stages, [budget_bytes], layer_kv_bytes(graph, o, bounds.context))
+    cut = stage_starts(graph, o, [budget_bytes], bounds.context)
     backend = select_device(o.device)
     out = []
     for st in split_graph(graph, cut):
@@ -83,4 +100,4 @@ def plan_stages(path: str | Path, stages: int, budget_bytes: int, starts: Sequen
     return out
 
 
-__all__ = ["StagePlan", "crossing_bytes", "plan_stages"]
+__all__ = ["StagePlan", "crossing_bytes", "layer_kv_bytes", "plan_stages", "stage_starts"]

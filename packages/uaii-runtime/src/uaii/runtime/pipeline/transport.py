@@ -123,7 +123,7 @@ class RayStages:
             raise StageFailure(f"[runtime] the pipeline is broken ({self._broken}); close this session and build "
                                "a new one")
 
-    def _get(self, refs: Any, stage: int | None = None) -> Any:
+    def _get(self, refs: Any) -> Any:
         ray = self._ray
         try:
             return ray.get(refs, timeout=self.timeout_s)
