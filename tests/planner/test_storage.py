@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 from planner_helpers import Builder, Dims, llama
@@ -48,6 +49,11 @@ def page(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
+def window(n: int) -> int:
+    """Staging for a linear layer's [N, K] weight staged whole: its read window at any offset."""
+    return page(n + PAGE - 1)
+
+
 def need(graph: Graph, pinned: Collection[str], arena: int, kv: int = 0, buffers: int = 2,
          small: bool = True) -> int:
     """The budget a pin set needs, computed independently: pins + buffers x largest streamed step + arena + KV.
@@ -60,8 +66,11 @@ def need(graph: Graph, pinned: Collection[str], arena: int, kv: int = 0, buffers
         return group_of(t) in pinned or (small and len(t.shape) == 1 and sizes[name] <= 64 * 1024)
 
     held = sum(n for name, n in sizes.items() if held_by(name))
-    steps = [sum(page(sizes[v]) for v in n.inputs if v in sizes and not held_by(v))
-             for n in fused.nodes if n.op != "Embedding"]  # a streamed lookup reads rows, outside staging
+    # a streamed lookup reads rows, outside staging; a linear layer stored [N, K] (read by rows of its output) is
+    # staged whole with its read window at any offset: a page more than its bytes rounded
+    steps = [sum(window(sizes[v]) if n.op == "MatMul" and n.get("transpose_b") else page(sizes[v])
+                 for v in n.inputs if v in sizes and not held_by(v))
+             for n in fused.nodes if n.op != "Embedding"]
     return held + buffers * max(steps) + arena + kv
 
 
@@ -227,7 +236,7 @@ def test_moe_steps_read_top_k_experts_into_the_expert_cache_not_staging() -> Non
     router = 8 * 256 * 4
     # the experts go to the expert cache: staging holds the router only (it once also held 3 x top_k experts,
     # which the runtime never staged: the budget counted them twice)
-    assert p.storage.staging_buffers == (page(router),) * 2
+    assert p.storage.staging_buffers == (window(router),) * 2
     assert p.storage.streamed_bytes_per_token == router + 3 * 2 * expert
     # a 1000-byte cache cannot hold one expert of each bank: the plan counts the smallest cache that can
     one_of_each = 3 * (page(expert) + 2 * PAGE)
@@ -245,7 +254,7 @@ def test_streaming_several_moe_layers_pays_the_expert_cache_once() -> None:
     arena = make(g).arena.size
     cache = 2 * MiB
     layer = sum(w.nbytes for w in make(g).storage.weights if w.group == "blk.0")
-    both = 2 * page(8 * 256 * 4) + cache + arena
+    both = 2 * window(8 * 256 * 4) + cache + arena
     assert layer + cache > 2 * layer > both - arena - cache  # one drop costs more than it saves; two save
     p = make(g, budget_bytes=both, pin_layers=2, expert_cache_bytes=cache)
     assert modes(p) == {"blk.0": "streamed", "blk.1": "streamed"}
@@ -266,7 +275,7 @@ def test_a_moe_budget_counts_the_expert_cache_once() -> None:
     g = moe_graph()
     arena = make(g).arena.size
     bank = tensor_nbytes(g.tensor("blk.0.ffn_gate_exps.weight").dtype, (8, 512, 256))
-    smallest = 2 * page(8 * 256 * 4) + 3 * (page(bank // 8) + 2 * PAGE) + arena
+    smallest = 2 * window(8 * 256 * 4) + 3 * (page(bank // 8) + 2 * PAGE) + arena
     p = make(g, budget_bytes=smallest, pin_layers=0, pin_small_bytes=0)
     assert summarize(p)["total_bytes"] == smallest
     with pytest.raises(BudgetError) as e:
@@ -333,45 +342,101 @@ def test_small_vectors_are_pinned_first_and_given_up_last() -> None:
         make(g, budget_bytes=bare - 1, pin_layers=2)
 
 
-def test_fill_pins_spreads_the_streamed_layers_over_the_trunk() -> None:
-    """Layers left streaming after fill_pins are evenly spaced (each read while the pinned layers before it
-    compute), not the last ones in a row (read only while they compute: the staging pool holds a step ahead)."""
-    from uaii.planner.storage import spread
+def _layer(ref: str) -> int:
+    return int(ref.split("#")[1].split(".")[1])
 
-    assert spread([f"blk.{i}" for i in range(30)], 3) == ["blk.9", "blk.19", "blk.29"]
-    assert spread(["a", "b", "c", "d"], 1) == ["d"] and spread(["a", "b"], 2) == ["a", "b"]
-    assert spread(["a"], 0) == []
+
+def test_even_pick_spreads_steps_evenly_over_the_trunk() -> None:
+    """Error diffusion over the trunk's bytes: the picked steps track a straight line through the pass."""
+    from uaii.planner.storage import WeightUse, even_pick
+
+    trunk = [WeightUse(f"blk.{i}.{w}", n, f"blk.{i}", 3 * i + j, True, per_token=n)
+             for i in range(30) for j, (w, n) in enumerate((("norm", 10), ("attn", 100), ("ffn", 190)))]
+    units = [[f"blk.{i}.ffn"] for i in range(30)]
+    picked = sorted(_layer("m#" + r) for r in even_pick(trunk, units, 3 * 190))
+    assert len(picked) == 3 and {b - a for a, b in pairwise(picked)} == {10}
+    every_other = sorted(_layer("m#" + r) for r in even_pick(trunk, units, 15 * 190))
+    assert len(every_other) == 15 and {b - a for a, b in pairwise(every_other)} == {2}
+    assert even_pick(trunk, units, 0) == set()
+    # a unit of several weights is picked whole, at its last weight
+    both = even_pick(trunk, [[f"blk.{i}.attn", f"blk.{i}.ffn"] for i in range(30)], 10 * 290)
+    assert len(both) == 20 and all(f"blk.{_layer('m#' + r)}.attn" in both for r in both)
+
+
+def test_fill_pins_spreads_the_streamed_weights_over_the_trunk() -> None:
+    """Weights left streaming after fill_pins are evenly spread over the trunk, whole steps at a time (each read while
+    the pinned weights before it compute), not the last layers in a row (read only while they compute: the staging
+    pool holds a few steps ahead) - for about the bytes per token the layer-by-layer rule streams."""
     g = qgraph(n_layers=8)
     arena = make(g).arena.size
-    pins = {"norm", "embed", "lm_head", *(f"blk.{i}" for i in range(5))}
-    budget = need(g, pins, arena)  # five of eight layers fit
-    p = make(g, budget_bytes=budget, pin_layers=0, fill_pins=True)
-    streamed = [grp for grp, m in modes(p).items() if m == "mixed"]  # streamed layers keep their norms pinned
-    assert streamed == ["blk.1", "blk.4", "blk.7"]
+    pins = {"norm", "embed", "lm_head", *(f"blk.{i}" for i in range(6))}
+    budget = need(g, pins, arena)  # six of eight layers fit
+    opts = PlannerOptions(budget_bytes=budget, pin_layers=0, fill_pins=True)
+    p = build_plan(g, opts)
+    layers = sorted({_layer(w.ref) for w in p.storage.weights if w.mode == "streamed"})
+    assert layers[0] <= 1 and layers[-1] == 7 and max(b - a for a, b in pairwise(layers)) <= 2
     assert summarize(p)["total_bytes"] <= budget
-    in_order = make(g, budget_bytes=budget, pin_layers=5)  # the same count of layers, the first five
-    assert pinned_groups(in_order) >= {f"blk.{i}" for i in range(5)}
-    assert p.storage.streamed_bytes_per_token == in_order.storage.streamed_bytes_per_token
+    in_order = make(g, budget_bytes=budget, pin_layers=6)  # the first six layers, the last two streamed
+    assert pinned_groups(in_order) >= {f"blk.{i}" for i in range(6)}
+    assert in_order.storage.streamed_bytes_per_token <= p.storage.streamed_bytes_per_token
+    assert p.storage.streamed_bytes_per_token <= 1.05 * in_order.storage.streamed_bytes_per_token
+    assert list(plan_problems(p, g, fuse(g, opts), opts)) == []  # the cache check derives the same staging
 
 
 def test_fill_pins_spends_what_layers_leave_on_single_weights() -> None:
-    """Whole layers leave up to a layer's size of the budget unused: fill_pins pins single streamed weights with it
-    (largest first), which then are read no more."""
+    """Whole layers leave up to a layer's size of the budget unused: fill_pins pins single streamed weights with it,
+    which then are read no more."""
     g = qgraph(n_layers=8)
     arena = make(g).arena.size
     pins = {"norm", "embed", "lm_head", *(f"blk.{i}" for i in range(5))}
     exact = make(g, budget_bytes=need(g, pins, arena), pin_layers=0, fill_pins=True)
     streamed = [w for w in exact.storage.weights if w.mode == "streamed"]
-    biggest = max(streamed, key=lambda w: w.nbytes)  # a gate/up weight of the first streamed layer
+    biggest = max(streamed, key=lambda w: w.nbytes)
     assert biggest.ref.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
     more = make(g, budget_bytes=need(g, pins, arena) + biggest.nbytes, pin_layers=0, fill_pins=True)
-    assert {w.ref for w in more.storage.weights if w.mode == "pinned"} - {
-        w.ref for w in exact.storage.weights if w.mode == "pinned"} == {biggest.ref}
     assert more.storage.streamed_bytes_per_token == exact.storage.streamed_bytes_per_token - biggest.nbytes
     assert summarize(more)["total_bytes"] <= need(g, pins, arena) + biggest.nbytes
     # without fill_pins the rule keeps whole groups only
     plain = make(g, budget_bytes=need(g, pins, arena) + biggest.nbytes, pin_layers=5)
     assert {w.group for w in plain.storage.weights if w.mode == "pinned" and w.nbytes > 64 * 1024} <= pins
+
+
+def test_read_ahead_covers_the_longest_pinned_run_at_the_pace_of_the_reads() -> None:
+    """W = g x B0: the longest pinned run's share g of a pass (around the end of a pass into the next) times what
+    streams without read-ahead (B0 = B - (W - pool)), at most ``ratio`` x the run's bytes."""
+    from uaii.planner.storage import WeightUse, read_ahead_bytes
+
+    table = WeightUse("embd", 4000, "embed", 0, True, per_token=4000)  # a tied table: read whole by the lm_head
+    layers = [WeightUse(f"blk.{i}.w", 100, f"blk.{i}", i + 1, True, per_token=100) for i in range(10)]
+    uses = [table, *layers]
+    streamed = [layers[3], layers[6]]
+    # the longest run wraps around: layers 7-9, then the table and layers 0-2 of the next pass
+    run, total, rate, pool = 3 * 100 + 4000 + 3 * 100, 5000, 200, 100
+    assert read_ahead_bytes(uses, streamed, pool, 1.0) == -(-run * (rate + pool) // (total + run))
+    assert read_ahead_bytes(uses, streamed, pool, 1 / 1000) == int(run / 1000)
+    assert read_ahead_bytes(uses, [], pool, 1.0) == 0
+    assert read_ahead_bytes(uses, layers, pool, 1.0) == -(-4000 * (1000 + pool) // (5000 + 4000))
+
+
+def test_read_ahead_sizes_staging_to_read_through_a_pinned_lm_head() -> None:
+    """With a large pinned lm_head the disk can only fill the staging pool while it computes: read_ahead makes the
+    pool hold what the disk reads in that time at the pass's pace; every byte more of pool is a byte less pinned."""
+    g = llama(6, dims=Dims(d=256, heads=4, kv=2, head_dim=64, ff=512, vocab=24000), wdtype="q4_k", tied=True)
+    arena = make(g).arena.size
+    pins = {"norm", "embed", "lm_head", *(f"blk.{i}" for i in range(4))}
+    budget = need(g, pins, arena)
+    plain = PlannerOptions(budget_bytes=budget, pin_layers=0, fill_pins=True)
+    ahead = replace(plain, read_ahead=1 / 16)
+    p, q = build_plan(g, plain), build_plan(g, ahead)
+    assert sum(q.storage.staging_buffers) > sum(p.storage.staging_buffers)
+    assert len(set(q.storage.staging_buffers)) == 1 and summarize(q)["total_bytes"] <= budget
+    grown = sum(q.storage.staging_buffers) - sum(p.storage.staging_buffers)
+    assert q.storage.streamed_bytes_per_token - p.storage.streamed_bytes_per_token >= grown * 0.9
+    table = next(w.nbytes for w in q.storage.weights if w.group == "embed")
+    assert sum(q.storage.staging_buffers) <= table / 16 + 2 * PAGE  # at most 1/16 of the run it reads through
+    assert list(plan_problems(q, g, fuse(g, ahead), ahead)) == []
+    with pytest.raises(Exception, match="read_ahead must be a fraction"):
+        PlannerOptions(read_ahead=2)
 
 
 def test_fill_pins_never_pins_an_expert_bank_alone() -> None:

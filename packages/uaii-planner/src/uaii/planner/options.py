@@ -32,6 +32,9 @@ class PlannerOptions:
     layer (``"layer"``); ``fill_pins`` pins further layers, in execution order, while the budget still holds.
     1-D weights of at most ``pin_small_bytes`` (norm scales, biases) are pinned before any group and given up
     last: streamed, each would cost a page of staging, a read of its own and a read-ahead slot (0: no such rule).
+    ``read_ahead`` (0: off) is a bound on the disk's read rate as a fraction of the memory's: with it the staging
+    buffers together hold at least what the disk reads at the pass's pace while the longest run of pinned weights
+    computes (``uaii.planner.storage.read_ahead_bytes``), at most that fraction of the run's bytes.
 
     Steps: ``device`` is the device of every step unless a placement callback says otherwise.
     """
@@ -50,6 +53,7 @@ class PlannerOptions:
     staging_buffers: int = 2
     stream_unit: str = "tensor"
     fill_pins: bool = False
+    read_ahead: float = 0.0
     pin_small_bytes: int = 64 * 1024
     device: str = "cpu"
 
@@ -63,6 +67,9 @@ class PlannerOptions:
             _check_int(name, getattr(self, name), 1)
         for name in ("budget_bytes", "pin_layers", "kv_cache_bytes", "expert_cache_bytes", "pin_small_bytes"):
             _check_int(name, getattr(self, name), 0)
+        if not 0.0 <= float(self.read_ahead) <= 1.0:
+            raise PlannerError(f"option read_ahead must be a fraction in [0, 1], found {self.read_ahead!r}")
+        object.__setattr__(self, "read_ahead", float(self.read_ahead))
         if self.alignment & (self.alignment - 1):
             raise PlannerError(f"option alignment must be a power of two, found {self.alignment}")
         for dim, bound in self.dim_bounds:

@@ -8,20 +8,22 @@ pins are dropped: the trunk layers (last first), then lm_head, then the embeddin
 weights. Staging is recomputed exactly for every candidate set: dropping a pin can enlarge the largest streamed
 step, and a drop that would not lower the total is skipped (that weight is cheaper pinned than streamed). If even
 the smallest plan does not fit, a :class:`BudgetError` names every number. With ``fill_pins``, further layers are
-then pinned while the budget holds, the layers left streaming spread evenly over the trunk (:func:`spread`), then
-single weights and last whole MoE layers fill what is left (:func:`_fill`). Without a budget (0) every weight is
-memory-mapped and nothing is staged.
+then pinned while the budget holds, then single weights, then the streamed steps are chosen again evenly spread over
+the trunk (:func:`_spread_tensors`), then whole MoE layers fill what is left (:func:`_fill`). Without a budget (0)
+every weight is memory-mapped and nothing is staged.
 
 Staging: each buffer holds what one step streams at once (``stream_unit="tensor"``: a grouped MatMul needs all its
 weights staged together) or one whole layer (``"layer"``), every tensor rounded up to a page as the staging pool
-allocates it. A tied embedding/lm_head table is one weight reference, counted once. Streamed MoE expert banks stage
-nothing: the runtime reads the routed top_k experts straight into the expert cache, whose part of the budget is
-``expert_cache_bytes`` but at least one expert of every bank of a MoE step (:func:`expert_cache_need`; 0 when every
-bank is pinned). With ``fill_pins`` and ``expert_cache_bytes`` 0 (auto) the cache takes what the budget leaves
-once the dense weights are pinned (:func:`auto_expert_cache`), and no MoE layer is pinned whole: a layer's banks
-pinned save its top_k experts per token, and the same bytes as cache save as much when routing is uniform (an
-expert of any streamed layer, hit at the cache's share of that layer's experts) and more when it is not. The
-plan's ``expert_cache_bytes`` is that figure.
+allocates it (a row-chunkable weight staged whole: its read window at any offset, :func:`window_bytes`); with
+``read_ahead`` the buffers grow to read through the longest pinned run (:func:`read_ahead_bytes`). A tied
+embedding/lm_head table is one weight reference, counted once. Streamed MoE expert banks stage nothing: the runtime
+reads the routed top_k experts straight into the expert cache, whose part of the budget is ``expert_cache_bytes``
+but at least one expert of every bank of a MoE step (:func:`expert_cache_need`; 0 when every bank is pinned). With
+``fill_pins`` and ``expert_cache_bytes`` 0 (auto) the cache takes what the budget leaves once the dense weights are
+pinned (:func:`auto_expert_cache`), and no MoE layer is pinned whole: a layer's banks pinned save its top_k experts
+per token, and the same bytes as cache save as much when routing is uniform (an expert of any streamed layer, hit at
+the cache's share of that layer's experts) and more when it is not. The plan's ``expert_cache_bytes`` is that
+figure.
 
 What a step stages and reads per token follows from how its op reads each weight, which the op's schema declares
 (:class:`uaii.ir.ops.WeightAccess`, :meth:`~uaii.ir.ops.OpSchema.weight_inputs`); no op name or input slot is
@@ -167,6 +169,11 @@ def page_round(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
+def window_bytes(n: int) -> int:
+    """The most pages a read of ``n`` bytes at any file offset covers, in bytes (O_DIRECT reads whole pages)."""
+    return page_round(n + PAGE - 1) if n else 0
+
+
 def staging_unit(streamed: Iterable[WeightUse], unit: str) -> int:
     """Bytes one staging buffer needs for the streamed weights: the largest step, or the largest layer."""
     per: dict[object, int] = {}
@@ -182,9 +189,11 @@ def staging_unit(streamed: Iterable[WeightUse], unit: str) -> int:
                     per[step] = per.get(step, 0) + page_round(nbytes)
     base = max(per.values(), default=0)
     for u in chunked:  # cut into row chunks of at most one buffer (a chunk's read window may straddle a page)
-        whole = page_round(max(u.staged.values()))
-        if not whole:
+        if not max(u.staged.values()):
             continue
+        # staged whole, its read window at any offset: one page more than its bytes rounded would leave the runtime
+        # a last chunk of a few rows (a read and a staging extent of their own for a page of data)
+        whole = window_bytes(max(u.staged.values()))
         want = whole if whole <= base else max(base, min(whole, CHUNK_MIN))
         base = max(base, want, page_round(u.chunk_row) + PAGE)
     return base
@@ -199,6 +208,51 @@ def expert_cache_need(streamed: Iterable[WeightUse]) -> int:
             for step in u.staged:
                 per[step] = per.get(step, 0) + u.expert
     return max(per.values(), default=0)
+
+
+def read_ahead_bytes(uses: Sequence[WeightUse], streamed: Collection[WeightUse], pool: int, ratio: float) -> int:
+    """What the disk reads, at the pace of the streamed bytes, while the longest run of pinned weights computes
+    (``uses`` in first-use order, the run taken around the end of a pass into the next; a weight's bytes per token
+    stand for its compute time): the run's share ``g`` of a pass times the streamed bytes per token ``B0`` of the
+    same plan with a ``pool`` of staging (its staging buffers without read-ahead), and at most ``ratio`` times the
+    run's bytes (a disk reads at most that fraction of what the memory-bound products read in the same time: a pass
+    bound by its reads computes the run faster than the reads' pace, and a larger pool would only stream more).
+
+    Why: a streamed weight is read into the staging pool while the weights before it compute. Through a long pinned
+    run (a pinned lm_head, a tied embedding table: half of a small model's decode pass) the disk can only fill the
+    pool; a pool of two steps fills early and the disk idles for the rest of the run, so the pass waits for the
+    reads after it. A pool of ``g x B0`` keeps the disk reading through the run at the pace of the rest of the
+    pass. Every byte the pool grows is a byte less pinned, so the plan that has such a pool streams ``B = B0 + W -
+    pool`` bytes; ``W = g x B0`` is then ``g x (B - pool) / (1 - g)`` solved for what this plan streams, not a
+    pool that grows with the bytes it makes stream (which would not stop)."""
+    total = sum(u.per_token for u in uses)
+    rate = sum(u.per_token for u in streamed)
+    if not rate or not total:
+        return 0
+    ids = {id(u) for u in streamed}
+    longest, run, first = 0, 0, None
+    for u in uses:
+        if id(u) in ids:
+            first = run if first is None else first
+            longest, run = max(longest, run), 0
+        else:
+            run += u.per_token
+    longest = max(longest, run + (first or 0))  # the run that wraps around from the end of a pass into the next
+    # B0 = B - (W - pool) and W = g B0, with g = longest / total: W = g (B + pool) / (1 + g)
+    return min(-(-longest * (rate + pool) // (total + longest)), int(longest * ratio))
+
+
+def staging_pool(uses: Sequence[WeightUse], streamed: Sequence[WeightUse], options: PlannerOptions) -> tuple[int, ...]:
+    """The staging buffers when ``streamed`` (of ``uses``, in first-use order) stream: ``staging_buffers`` of
+    :func:`staging_unit` bytes each, larger with ``read_ahead`` when together they would hold less than
+    :func:`read_ahead_bytes`; none when nothing is staged."""
+    unit = staging_unit(streamed, options.stream_unit)
+    if not unit or not streamed:
+        return ()
+    n = options.staging_buffers
+    if options.read_ahead:
+        unit = max(unit, page_round(-(-read_ahead_bytes(uses, streamed, unit * n, options.read_ahead) // n)))
+    return (unit,) * n
 
 
 # --- the rule -----------------------------------------------------------------------------------------------
@@ -249,12 +303,12 @@ def _fit(uses: Sequence[WeightUse], pinned: frozenset[str], options: PlannerOpti
     streamed: list[WeightUse] = []
     for u in uses:  # one pass: the greedy pin search calls this for every candidate
         (held if _held(u, pinned, options) else streamed).append(u)
-    unit = staging_unit(streamed, options.stream_unit)
+    buffers = staging_pool(uses, streamed, options)
     experts = expert_cache_need(streamed)  # expert banks are read into the expert cache, never staged
     cache = max(options.expert_cache_bytes, experts) if experts else 0
-    parts = {"pinned": sum(u.nbytes for u in held), "staging": unit * options.staging_buffers,
+    parts = {"pinned": sum(u.nbytes for u in held), "staging": sum(buffers),
              "kv_cache": options.kv_cache_bytes, "expert_cache": max(cache, expert_floor), "arena": arena}
-    return _Fit(pinned, unit, parts)
+    return _Fit(pinned, buffers[0] if buffers else 0, parts)
 
 
 def _drop(uses: Sequence[WeightUse], candidates: Sequence[str], options: PlannerOptions, arena: int,
@@ -293,29 +347,27 @@ def choose_pins(uses: Sequence[WeightUse], options: PlannerOptions, arena: int) 
     return fit
 
 
-def spread(layers: Sequence[str], streamed: int) -> list[str]:
-    """The ``streamed`` of ``layers`` (execution order) to stream so that the streamed ones are evenly spaced, the
-    last layer among them: each is then read while the pinned layers before it compute."""
-    n = len(layers)
-    if streamed <= 0:
-        return []
-    return [layers[(i + 1) * n // streamed - 1] for i in range(min(streamed, n))]
+SPREAD_FLOOR = 2
+"""Steps that stage less than 1/SPREAD_FLOOR of the largest trunk step keep the modes the pinning rule gave them in
+the even spread (:func:`_spread_tensors`): a few large reads keep a disk busier than many small ones, and the staging
+pool stays sized for the large step."""
+SPREAD_SLACK = 1.05
+"""The even spread may stream up to this factor more bytes per token than the set it replaces, in a plan that streams
+at most :data:`SPREAD_SHARE` of a pass's bytes; more streamed, it may not stream more (a pass bound by its reads
+gains nothing from an even spread: the disk is behind all the time)."""
+SPREAD_SHARE = 0.25
 
 
 def _fill(uses: Sequence[WeightUse], groups: Sequence[str], pinned: set[str], fit: _Fit, options: PlannerOptions,
           arena: int) -> _Fit:
-    """``fill_pins``: pin further groups while the budget holds. Trunk layers are counted greedily in execution
-    order, then the layers left streaming are spread evenly over the trunk (:func:`spread`) rather than being the
-    last ones in a row: a streamed layer's reads then overlap the compute of the pinned layers before it, where a
-    run of streamed layers at the end can only be read while they compute (the staging pool holds about one step
-    ahead). When the spread set does not fit (layers of unequal sizes), the execution-order set is kept.
+    """``fill_pins``: pin further groups while the budget holds (trunk layers in execution order), then single
+    weights (:func:`_fill_tensors`), then choose again which trunk weights stream so that they are evenly spread over
+    the trunk (:func:`_spread_tensors`).
 
-    Then single weights fill what is left (:func:`_fill_tensors`). With the auto expert cache (``expert_cache_bytes``
-    0) the rest is the cache's (:func:`auto_expert_cache`) and no group with MoE expert banks is pinned; with an
-    explicit cache such groups come last, whole: pinning such a layer saves only top_k / n_experts of its banks'
-    bytes per token, where a dense weight pinned saves all of its bytes, so the dense weights of every layer are
-    pinned before any bank."""
-    start = set(pinned)
+    With the auto expert cache (``expert_cache_bytes`` 0) the rest is the cache's (:func:`auto_expert_cache`) and no
+    group with MoE expert banks is pinned; with an explicit cache such groups come last, whole: pinning such a layer
+    saves only top_k / n_experts of its banks' bytes per token, where a dense weight pinned saves all of its bytes, so
+    the dense weights of every layer are pinned before any bank."""
     moe = {u.group for u in uses if u.expert}
     for g in groups:
         if g in pinned or g in moe:
@@ -324,15 +376,7 @@ def _fill(uses: Sequence[WeightUse], groups: Sequence[str], pinned: set[str], fi
         if trial.total <= options.budget_bytes:
             pinned.add(g)
             fit = trial
-    free = [g for g in groups if is_trunk(g) and g not in start and g not in moe]
-    added = [g for g in free if g in pinned]
-    if added and len(added) < len(free):
-        streamed = set(spread(free, len(free) - len(added)))
-        spread_pins = frozenset((pinned - set(added)) | {g for g in free if g not in streamed})
-        trial = _fit(uses, spread_pins, options, arena)
-        if trial.total <= options.budget_bytes:
-            fit = trial
-    fit = _fill_tensors(uses, fit, options, arena)
+    fit = _spread_tensors(uses, _fill_tensors(uses, fit, options, arena), options, arena)
     if fit.parts["expert_cache"] and not options.expert_cache_bytes:  # auto: the cache takes the rest (module doc)
         cache = auto_expert_cache(options, fit.parts["pinned"], fit.parts["staging"], arena, fit.parts["expert_cache"])
         return _Fit(fit.pinned, fit.staging, {**fit.parts, "expert_cache": cache})
@@ -342,6 +386,82 @@ def _fill(uses: Sequence[WeightUse], groups: Sequence[str], pinned: set[str], fi
             if trial.total <= options.budget_bytes:
                 fit = trial
     return fit
+
+
+def even_pick(trunk: Sequence[WeightUse], units: Sequence[Sequence[str]], target: int) -> set[str]:
+    """The references of the ``units`` (weights staged together) to stream so that about ``target`` bytes stream,
+    evenly over ``trunk`` (its weights in execution order). A weight's bytes stand for the time it takes to compute
+    (a decode pass reads every weight once), and a unit is picked when the bytes picked so far fall half of it
+    behind the even share of the trunk computed until its end (error diffusion): the picked bytes then track a
+    straight line through the pass."""
+    span = sum(u.nbytes for u in trunk)
+    rate = target / span if span else 0.0
+    size = {u.ref: u.nbytes for u in trunk}
+    last = {unit[-1]: unit for unit in units}  # a unit is computed when its last weight is
+    done = picked = 0
+    chosen: set[str] = set()
+    for u in trunk:
+        done += u.nbytes
+        unit = last.get(u.ref)
+        if unit is None:
+            continue
+        nbytes = sum(size[r] for r in unit)
+        if picked + nbytes / 2 <= rate * done:
+            chosen.update(unit)
+            picked += nbytes
+    return chosen
+
+
+def _spread_tensors(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions, arena: int) -> _Fit:
+    """The plan with the same budget whose streamed trunk weights are spread evenly over the trunk (:func:`even_pick`),
+    or ``fit`` itself when no such plan streams at most :data:`SPREAD_SLACK` times its bytes (its bytes when it
+    streams more than :data:`SPREAD_SHARE` of a pass).
+
+    Why: a streamed weight is read while the pinned weights before it compute, at most a staging pool ahead. Whole
+    layers left streaming in a lump (the last layers, or the ones a layer-by-layer fill could not pin) are read only
+    while they and their neighbours compute, so the disk idles through the rest of the pass and the pass waits for
+    it at the lump; weights spread evenly keep the disk reading through the whole trunk. The spread moves whole
+    steps (the weights a step stages together, e.g. a grouped gate/up) of at least 1/:data:`SPREAD_FLOOR` of the
+    largest; expert banks, the weights of MoE layers and weights a step reads only in part (rows, experts) keep the
+    modes the pinning rule gave them."""
+    moe = {u.group for u in uses if u.expert}
+    trunk = [u for u in uses if is_trunk(u.group)]
+    by_step: dict[tuple[str, tuple[int, ...]], list[WeightUse]] = {}
+    for u in trunk:
+        if u.streamable and u.group not in moe and pin_unit(u, options) != SMALL and u.per_token >= u.nbytes:
+            by_step.setdefault((u.group, tuple(sorted(u.staged))), []).append(u)
+    if not by_step:
+        return fit
+    floor = max(sum(u.nbytes for u in unit) for unit in by_step.values()) / SPREAD_FLOOR
+    units = [[u.ref for u in unit] for unit in by_step.values() if sum(u.nbytes for u in unit) >= floor]
+    movable = {u.ref: u for unit in by_step.values() for u in unit}  # the smaller steps' weights: pinned
+    held = {u.ref for u in uses if _held(u, fit.pinned, options)}
+    need = sum(u.nbytes for u in movable.values() if u.ref not in held)
+    if not need or need >= sum(u.nbytes for unit in units for u in map(movable.__getitem__, unit)):
+        return fit
+    # the same pins, by reference in the trunk, without the movable weights
+    keep = {p for p in fit.pinned if not is_trunk(p) and p not in movable}
+    keep |= {u.ref for u in trunk if u.ref in held and u.ref not in movable}
+    share = sum(u.per_token for u in uses if u.ref not in held) / max(sum(u.per_token for u in uses), 1)
+    limit = need * SPREAD_SLACK if share <= SPREAD_SHARE else need
+    target, best, best_streamed, tried = need, None, 0, set()
+    for _ in range(12):
+        chosen = even_pick(trunk, units, target)
+        streamed = sum(movable[r].nbytes for r in chosen)
+        if streamed > limit or streamed in tried:
+            break
+        tried.add(streamed)
+        trial = _fit(uses, frozenset(keep | (movable.keys() - chosen)), options, arena)
+        over = trial.total - options.budget_bytes
+        if over > 0:
+            if best is not None:
+                break  # streaming less than the best plan does not fit
+            target = streamed + over  # what still does not fit streams too
+            continue
+        if best is None or streamed < best_streamed:
+            best, best_streamed = trial, streamed
+        target = streamed + over  # what the budget still holds is pinned
+    return best if best is not None else fit
 
 
 def _fill_tensors(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions, arena: int) -> _Fit:
@@ -416,10 +536,9 @@ def storage_for_modes(uses: Sequence[WeightUse], modes: Sequence[str], options: 
         return StoragePlan(budget_bytes=0, weights=weights, prefetch_order=tuple(u.ref for u in uses if u.streamable),
                            expert_cache_bytes=options.expert_cache_bytes, kv_cache_bytes=options.kv_cache_bytes)
     streamed = [u for u, m in zip(uses, modes, strict=True) if m == "streamed"]
-    unit = staging_unit(streamed, options.stream_unit)
+    buffers = staging_pool(uses, streamed, options)
     experts = expert_cache_need(streamed)  # as :func:`_fit` counts it
     cache = max(options.expert_cache_bytes, experts) if experts else 0
-    buffers = (unit,) * options.staging_buffers if unit and streamed else ()
     if cache and options.fill_pins and not options.expert_cache_bytes:
         pinned = sum(w.nbytes for w in weights if w.mode == "pinned")
         cache = auto_expert_cache(options, pinned, sum(buffers), arena_bytes, experts)
@@ -451,6 +570,6 @@ def summarize(plan: ExecutionPlan) -> dict[str, Any]:
 
 
 __all__ = ["CHUNK_MIN", "EMBED", "LM_HEAD", "NORM", "OTHER", "PAGE", "SMALL", "WEIGHT_GROUP_RULES", "WeightUse",
-           "auto_expert_cache", "choose_pins", "drop_order", "expert_cache_need", "group_of", "is_trunk",
-           "page_round", "pin_priority", "pin_unit", "plan_storage", "spread", "staging_unit", "storage_for_modes",
-           "storage_for_uses", "summarize", "weight_group", "weight_uses"]
+           "auto_expert_cache", "choose_pins", "drop_order", "even_pick", "expert_cache_need", "group_of", "is_trunk",
+           "page_round", "pin_priority", "pin_unit", "plan_storage", "read_ahead_bytes", "staging_pool", "staging_unit",
+           "storage_for_modes", "storage_for_uses", "summarize", "weight_group", "weight_uses", "window_bytes"]

@@ -141,7 +141,7 @@ class BindHost(Protocol):
 class Bind:
     """Binding context for one shape key. ``arrays`` maps every value to its array for these shapes."""
 
-    def __init__(self, exe: BindHost, arrays: dict[str, np.ndarray], types: dict[str, VType],
+    def __init__(self, exe: BindHost, arrays: Mapping[str, np.ndarray], types: dict[str, VType],
                  state: KVSlot | None) -> None:
         """``state``: where the run's KV state(s) will be (None: the run has none)."""
         self.exe = exe

@@ -38,9 +38,10 @@ in chunks of rows (``ref@rows=A:B``), each computing its slice of the output.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Sequence
+from collections import ChainMap
+from collections.abc import Collection, MutableMapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -266,10 +267,10 @@ class StreamingWeights:
             t = graph.tensor(name)
             self._live[name] = WeightData(name, t.dtype, tuple(int(d) for d in t.shape), weight_array(t, view),
                                           live=True)
-        arrays = dict(b.arrays)
-        for name, w in self._live.items():
-            arrays[name] = w.raw if w.dtype.is_quantized else w.raw.reshape(w.shape)
-        child = Bind(self.exe, arrays, b.types, b.state)
+        live = {name: w.raw if w.dtype.is_quantized else w.raw.reshape(w.shape) for name, w in self._live.items()}
+        # the node's own weights over the binding's arrays, not a copy of them: every variant of every streamed node
+        # keeps its child binding alive (copies: 6.5 MB with SmolLM2 at a tenth of its weights)
+        child = Bind(self.exe, ChainMap(live, cast("MutableMapping[str, np.ndarray]", b.arrays)), b.types, b.state)
         try:
             steps = lower_node(child, info)
         finally:
