@@ -44,6 +44,7 @@ from uaii.planner.storage import (
     summarize,
     weight_group,
     weight_uses,
+    window_bytes,
 )
 
 __version__ = _version("uaii-planner")
@@ -97,4 +98,5 @@ __all__ = [
     "summarize",
     "weight_group",
     "weight_uses",
+    "window_bytes",
 ]
