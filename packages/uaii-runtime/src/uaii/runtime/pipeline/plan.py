@@ -57,6 +57,15 @@ def layer_kv_bytes(graph: Graph, options: SessionOptions, context: int) -> list[
     return [kv.elements_per_token() * width * slots for kv in kv_layers(graph)]
 
 
+def held_and_streamed(storage: Any, weight_bytes: int) -> tuple[int, int]:
+    """(weight bytes a stage holds, bytes it reads per token) under its storage plan: without a budget (or a plan)
+    every weight is memory-mapped, held as far as this count goes, and nothing streams. The running stage
+    (:meth:`StageRunner.summary`) and ``uaii plan --pipeline`` (:func:`plan_stages`) both report it."""
+    if storage is None or not storage.budget_bytes:
+        return weight_bytes, 0
+    return int(storage.pinned_bytes), int(storage.streamed_bytes_per_token)
+
+
 def stage_starts(graph: Any, options: SessionOptions, budgets: Sequence[int], context: int) -> list[int]:
     """Where stages 1 .. K - 1 begin: ``options.pipeline_starts`` when given, else the split
     :func:`uaii.planner.choose_split` picks for the stages' ``budgets`` (their layers' KV caches counted)."""
@@ -90,8 +99,7 @@ def plan_stages(path: str | Path, stages: int, budget_bytes: int, starts: Sequen
         storage = getattr(plan, "storage", None)
         kv = kv_cache_bytes(st.graph, kv_slots(o, bounds.context), o.kv_dtype)
         arena = plan.arena.size if plan is not None else 0
-        pinned = storage.pinned_bytes if storage is not None and storage.budget_bytes else st.weight_bytes
-        streamed = storage.streamed_bytes_per_token if storage is not None and storage.budget_bytes else 0
+        pinned, streamed = held_and_streamed(storage, st.weight_bytes)
         total = (storage.pinned_bytes + storage.staging_bytes + storage.kv_cache_bytes + storage.expert_cache_bytes
                  + arena) if storage is not None and storage.budget_bytes else st.weight_bytes + kv + arena
         out.append(StagePlan(st.index, st.first, st.last, budget_bytes, st.weight_bytes, pinned, streamed, kv, arena,
@@ -100,4 +108,4 @@ def plan_stages(path: str | Path, stages: int, budget_bytes: int, starts: Sequen
     return out
 
 
-__all__ = ["StagePlan", "crossing_bytes", "layer_kv_bytes", "plan_stages", "stage_starts"]
+__all__ = ["StagePlan", "crossing_bytes", "held_and_streamed", "layer_kv_bytes", "plan_stages", "stage_starts"]

@@ -27,6 +27,7 @@ from uaii.runtime.capabilities import check_backend, kv_state_options
 from uaii.runtime.errors import SessionError
 from uaii.runtime.model import load_bundle
 from uaii.runtime.options import SessionOptions
+from uaii.runtime.pipeline.plan import held_and_streamed
 from uaii.runtime.planning import kv_slots, replan, session_plan
 from uaii.runtime.rewrite import last_token_logits
 
@@ -105,12 +106,12 @@ class StageRunner:
         """The stage's layers, weights and what one token reads and moves (see PipelineInfo)."""
         st, built = self.stage, self._require()
         storage = getattr(self.plan, "storage", None) if built.stream_kw else None
+        held, streamed = held_and_streamed(storage, st.weight_bytes)
         mem = built.exe.memory()
         return {"index": st.index, "first": st.first, "last": st.last, "host": socket.gethostname(),
                 "budget_bytes": self.options.budget_bytes, "weight_bytes": st.weight_bytes,
                 "mode": "streaming" if storage is not None else "mmap",
-                "pinned_bytes": int(storage.pinned_bytes) if storage is not None else st.weight_bytes,
-                "streamed_bytes_per_token": int(storage.streamed_bytes_per_token) if storage is not None else 0,
+                "pinned_bytes": held, "streamed_bytes_per_token": streamed,
                 "bytes_per_token": bytes_per_token(st.graph, self._bundle.locations, self.plan),
                 "kv_bytes": self.kv_bytes, "arena_bytes": mem.arena_bytes,
                 "receives": list(st.receives), "sends": list(st.sends)}
