@@ -189,11 +189,12 @@ def staging_unit(streamed: Iterable[WeightUse], unit: str) -> int:
                     per[step] = per.get(step, 0) + page_round(nbytes)
     base = max(per.values(), default=0)
     for u in chunked:  # cut into row chunks of at most one buffer (a chunk's read window may straddle a page)
-        if not max(u.staged.values()):
+        staged = max(u.staged.values())
+        if not staged:
             continue
         # staged whole, its read window at any offset: one page more than its bytes rounded would leave the runtime
         # a last chunk of a few rows (a read and a staging extent of their own for a page of data)
-        whole = window_bytes(max(u.staged.values()))
+        whole = window_bytes(staged)
         want = whole if whole <= base else max(base, min(whole, CHUNK_MIN))
         base = max(base, want, page_round(u.chunk_row) + PAGE)
     return base
@@ -376,7 +377,7 @@ def _fill(uses: Sequence[WeightUse], groups: Sequence[str], pinned: set[str], fi
         if trial.total <= options.budget_bytes:
             pinned.add(g)
             fit = trial
-    fit = _spread_tensors(uses, _fill_tensors(uses, fit, options, arena), options, arena)
+    fit = _spread_tensors(uses, moe, _fill_tensors(uses, fit, options, arena), options, arena)
     if fit.parts["expert_cache"] and not options.expert_cache_bytes:  # auto: the cache takes the rest (module doc)
         cache = auto_expert_cache(options, fit.parts["pinned"], fit.parts["staging"], arena, fit.parts["expert_cache"])
         return _Fit(fit.pinned, fit.staging, {**fit.parts, "expert_cache": cache})
@@ -412,7 +413,8 @@ def even_pick(trunk: Sequence[WeightUse], units: Sequence[Sequence[str]], target
     return chosen
 
 
-def _spread_tensors(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOptions, arena: int) -> _Fit:
+def _spread_tensors(uses: Sequence[WeightUse], moe: Collection[str], fit: _Fit, options: PlannerOptions,
+                    arena: int) -> _Fit:
     """The plan with the same budget whose streamed trunk weights are spread evenly over the trunk (:func:`even_pick`),
     or ``fit`` itself when no such plan streams at most :data:`SPREAD_SLACK` times its bytes (its bytes when it
     streams more than :data:`SPREAD_SHARE` of a pass).
@@ -422,9 +424,8 @@ def _spread_tensors(uses: Sequence[WeightUse], fit: _Fit, options: PlannerOption
     while they and their neighbours compute, so the disk idles through the rest of the pass and the pass waits for
     it at the lump; weights spread evenly keep the disk reading through the whole trunk. The spread moves whole
     steps (the weights a step stages together, e.g. a grouped gate/up) of at least 1/:data:`SPREAD_FLOOR` of the
-    largest; expert banks, the weights of MoE layers and weights a step reads only in part (rows, experts) keep the
-    modes the pinning rule gave them."""
-    moe = {u.group for u in uses if u.expert}
+    largest; expert banks, the weights of MoE layers (the groups ``moe``) and weights a step reads only in part
+    (rows, experts) keep the modes the pinning rule gave them."""
     trunk = [u for u in uses if is_trunk(u.group)]
     by_step: dict[tuple[str, tuple[int, ...]], list[WeightUse]] = {}
     for u in trunk:

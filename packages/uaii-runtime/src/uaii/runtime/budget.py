@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from uaii.ir import Graph
-from uaii.ir.kvcache import kv_bytes_per_token
+from uaii.ir.kvcache import kv_layers
 from uaii.ir.ops import WeightAccess
 from uaii.ir.registry import find_schema
 from uaii.runtime.errors import SessionError
@@ -101,10 +101,17 @@ def storage_stats(store: Any, plan: Any, exe: Any) -> dict[str, Any]:
     return st
 
 
-def kv_cache_bytes(graph: Graph, slots: int, dtype: str = "f32") -> int:
-    """Bytes of a KV cache of ``slots`` tokens (``dtype`` f32 or f16) over the cached Attention layers of ``graph``
+def kv_layer_bytes(graph: Graph, slots: int, dtype: str = "f32") -> list[int]:
+    """Bytes of a KV cache of ``slots`` tokens (``dtype`` f32 or f16) in each cached Attention layer of ``graph``
     (:func:`uaii.ir.kvcache.kv_layers`, the analysis the backends bind their KV states with)."""
-    return kv_bytes_per_token(graph, 2 if dtype == "f16" else 4) * slots
+    width = 2 if dtype == "f16" else 4
+    return [layer.elements_per_token() * width * slots for layer in kv_layers(graph)]
+
+
+def kv_cache_bytes(graph: Graph, slots: int, dtype: str = "f32") -> int:
+    """Bytes of a KV cache of ``slots`` tokens (``dtype`` f32 or f16) over the cached Attention layers of ``graph``:
+    the sum of :func:`kv_layer_bytes`."""
+    return sum(kv_layer_bytes(graph, slots, dtype))
 
 
 def check_memory(backend: Backend, exe: Executable, kv: KVStateLike | None, options: SessionOptions,
@@ -189,4 +196,5 @@ def bytes_per_token(graph: Any, locations: Mapping[str, Any], plan: Any) -> int:
     return total
 
 
-__all__ = ["bytes_per_token", "check_memory", "executable_extra", "kv_cache_bytes", "storage_stats", "streaming_setup"]
+__all__ = ["bytes_per_token", "check_memory", "executable_extra", "kv_cache_bytes", "kv_layer_bytes", "storage_stats",
+           "streaming_setup"]

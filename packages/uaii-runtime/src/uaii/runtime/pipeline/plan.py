@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from uaii.ir import Graph, num_elements
-from uaii.ir.kvcache import kv_layers
 from uaii.runtime.bounds import ContextBounds
-from uaii.runtime.budget import kv_cache_bytes
+from uaii.runtime.budget import kv_cache_bytes, kv_layer_bytes
 from uaii.runtime.errors import SessionError
 from uaii.runtime.model import load_bundle
 from uaii.runtime.options import SessionOptions
@@ -52,9 +51,7 @@ def crossing_bytes(graph: Any, values: Sequence[str]) -> int:
 def layer_kv_bytes(graph: Graph, options: SessionOptions, context: int) -> list[int]:
     """Bytes of one sequence's KV cache per cached layer, at capacity: what a layer costs a stage beside its
     weights."""
-    width = 2 if options.kv_dtype == "f16" else 4
-    slots = kv_slots(options, context)
-    return [kv.elements_per_token() * width * slots for kv in kv_layers(graph)]
+    return kv_layer_bytes(graph, kv_slots(options, context), options.kv_dtype)
 
 
 def held_and_streamed(storage: Any, weight_bytes: int) -> tuple[int, int]:
@@ -100,8 +97,8 @@ def plan_stages(path: str | Path, stages: int, budget_bytes: int, starts: Sequen
         kv = kv_cache_bytes(st.graph, kv_slots(o, bounds.context), o.kv_dtype)
         arena = plan.arena.size if plan is not None else 0
         pinned, streamed = held_and_streamed(storage, st.weight_bytes)
-        total = (storage.pinned_bytes + storage.staging_bytes + storage.kv_cache_bytes + storage.expert_cache_bytes
-                 + arena) if storage is not None and storage.budget_bytes else st.weight_bytes + kv + arena
+        total = (plan.planned_bytes if plan is not None and storage is not None and storage.budget_bytes
+                 else st.weight_bytes + kv + arena)
         out.append(StagePlan(st.index, st.first, st.last, budget_bytes, st.weight_bytes, pinned, streamed, kv, arena,
                              total, crossing_bytes(st.graph, [v for v in st.sends if v in st.graph.tensor_map])
                              if st.sends else 0))
