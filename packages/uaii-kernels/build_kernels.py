@@ -19,7 +19,7 @@ CSRC = HERE / "csrc"
 HEADER = CSRC / "uaii_kernels.h"
 # x86_*.c hold AVX2 / AVX-VNNI / AVX-512 variants behind __attribute__((target)); neon.c only builds on aarch64.
 SOURCES = [
-    "cpu.c", "threadpool.c", "quant_ref.c", "quantize.c", "repack.c", "kernels_scalar.c", "gemm.c", "api.c",
+    "cpu.c", "threadpool.c", "quant_ref.c", "quantize.c", "repack.c", "held.c", "kernels_scalar.c", "gemm.c", "api.c",
     "ops.c", "attention.c", "nbits.c", "mlxq.c", "x86_avx2.c", "x86_avxvnni.c", "x86_avx512.c", "neon.c",
 ]
 

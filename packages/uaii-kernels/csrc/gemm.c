@@ -230,7 +230,7 @@ static int path_code(int type, const uk_traits_t *tr, int mode) {
 
 int uk_gemm_path_mode(int type, int mode) {
     uk_init();
-    const uk_traits_t *tr = uk_traits(type);
+    const uk_traits_t *tr = uk_traits(uk_held_base(type));
     if (!tr || mode < 0 || mode > 2) return 0;
     static const int code[] = {[PATH_FLOAT] = 2, [PATH_INT] = 2, [PATH_INT16] = 4, [PATH_DEQUANT] = 1};
     return code[path_code(type, tr, mode)];
@@ -255,9 +255,12 @@ int uk_quantize_act16(const float *x, int64_t k, int16_t *q, float *d) {
 int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx, float *y,
             int64_t ldy, int mode) {
     uk_init();
-    const uk_traits_t *tr = uk_traits(type);
+    const uk_traits_t *tr = uk_traits(uk_held_base(type));      /* a held form has its type's blocks */
     if (!tr) return UK_E_TYPE;
     if (n < 0 || k <= 0 || m < 0 || ldx < k || ldy < n || k % tr->elems || mode < 0 || mode > 2) return UK_E_ARG;
+    /* a held form is read by the kernels it was made for (uk_held_type); after uk_set_isa to an ISA without them,
+       only mode 1 (rows dequantized) still reads it */
+    if (uk_held_base(type) != type && mode != 1 && !wide_for(type, k)) return UK_E_ISA;
     if (n == 0 || m == 0) return UK_OK;
     gemm_ctx c = {.type = type, .tr = tr, .w = w, .n = n, .k = k, .nb = k / QK, .x = x, .m = m, .ldx = ldx,
                   .y = y, .ldy = ldy};

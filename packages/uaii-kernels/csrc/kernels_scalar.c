@@ -93,6 +93,7 @@ void uk_fill_scalar(uk_kernel_table *t) {
         const uk_traits_t *tr = uk_traits(type);
         if (tr) t->dequant[type] = tr->dequant;
     }
+    t->dequant[T_Q4_1_X16] = uk_deq_q4_1x16_row;     /* rows only (gemm.c's f32 path): see held.c */
     t->dotq[T_Q2_K] = dotq_q2_k_ref;
     t->quant_act = uk_q8a_ref;
     t->quant_act16 = uk_q16a_ref;

@@ -78,6 +78,15 @@ int uk_gemm_path_mode(int type, int mode);
 int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
             float *y, int64_t ldy, int mode);
 
+/* Held forms: a weight that stays resident (pinned, not streamed) may be kept in a form of its rows that this
+   machine's GEMM kernels read faster than the file's layout, of the same byte size and giving the same bits in
+   every mode. uk_held_type returns the kernel type of that form for rows of k values of `type` (`type` itself when
+   there is none: then nothing is gained by rewriting); uk_gemm takes it as `type`. uk_relayout rewrites n rows of
+   k values from `from_type` to `to_type` (a type and its held form, either way; dst == src rewrites in place,
+   other overlaps are refused); UK_E_TYPE for any other pair. A held form is no format of its own: uk_dequantize and uk_get_rows refuse it. */
+int uk_held_type(int type, int64_t k);
+int uk_relayout(int from_type, int to_type, const void *src, void *dst, int64_t n, int64_t k);
+
 /* --- operators (rows of n contiguous values; x and y may alias) ----------------------------------------------- */
 int uk_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps, int w_offset_one);
 int uk_layernorm(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t n, float eps);

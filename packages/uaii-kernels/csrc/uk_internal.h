@@ -13,7 +13,7 @@
 
 #define QK 32      /* elements per legacy block (Q4_0 ... Q8_0, IQ4_NL, MXFP4) and per activation block */
 #define QK_K 256   /* elements per k-quant super-block */
-#define UK_NTYPES 40
+#define UK_NTYPES 41
 
 #define UK_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define UK_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -39,6 +39,9 @@ enum {
     T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20,
     T_IQ4_XS = 23, T_BF16 = 30, T_MXFP4 = 39
 };
+/* held forms (uk_held_type): kernel types past the GGUF ids, each the rows of one GGUF type rearranged */
+enum { T_Q4_1_X16 = 40 };
+#define UK_X16_GROUP 320   /* bytes of 16 Q4_1 blocks, in either form */
 
 /* --- block layouts (ggml-common.h); packed, sizes pinned ---------------------------------------------------- */
 typedef uint16_t uk_half;
@@ -145,6 +148,8 @@ const uk_traits_t *uk_traits(int type);      /* NULL for an unknown or unsupport
 void uk_q8a_ref(const float *x, int64_t k, int8_t *q, float *d, float *s);
 void uk_q16a_ref(const float *x, int64_t k, int16_t *q, float *d);
 void uk_aprep8(int64_t k, const int8_t *aq, const float *ad, const float *as, uint8_t *out);   /* repack.c */
+int uk_held_base(int type);                                         /* held.c: the GGUF type of a held form */
+void uk_deq_q4_1x16_row(const void *src, float *dst, int64_t nb);  /* held.c: one whole row */
 
 /* --- kernel table, filled per ISA --------------------------------------------------------------------------- */
 /* direct integer GEMV: one weight row . quantized activation row */

@@ -17,6 +17,7 @@ from uaii.kernels.gemm import (
     nbits_call,
     register_gemm_provider,
 )
+from uaii.kernels.held import from_held, held_form, write_held
 from uaii.kernels.membw import copy_bandwidth
 from uaii.kernels.mlxq import MlxLayout, dequantize_mlx
 from uaii.kernels.native import (
@@ -63,8 +64,9 @@ __version__ = _version("uaii-kernels")
 __all__ = [
     "DEQUANT_TYPES", "FAST_TYPES", "QUANT_TYPES", "IGemm", "KernelError", "MlxLayout", "NBitsLayout", "PackedWeight",
     "__version__", "add", "argmax", "attention", "available_isas", "best_isa", "copy_bandwidth", "dequantize",
-    "dequantize_mlx", "dequantize_nbits", "geglu", "gelu", "gemm_path", "gemm_providers", "get_gemm", "get_isa",
-    "get_num_threads", "get_rows", "glu", "layer_norm", "matmul", "mlx_call", "mul", "nbits_call", "num_threads",
-    "quantize", "quantize_activations", "quantize_activations16", "register_gemm_provider", "rms_norm", "rope",
-    "rope_inv_freq", "set_isa", "set_num_threads", "silu", "softmax", "swiglu", "topk", "use_isa", "yarn_attn_factor",
+    "dequantize_mlx", "dequantize_nbits", "from_held", "geglu", "gelu", "gemm_path", "gemm_providers", "get_gemm",
+    "get_isa", "get_num_threads", "get_rows", "glu", "held_form", "layer_norm", "matmul", "mlx_call", "mul",
+    "nbits_call", "num_threads", "quantize", "quantize_activations", "quantize_activations16",
+    "register_gemm_provider", "rms_norm", "rope", "rope_inv_freq", "set_isa", "set_num_threads", "silu", "softmax",
+    "swiglu", "topk", "use_isa", "write_held", "yarn_attn_factor",
 ]

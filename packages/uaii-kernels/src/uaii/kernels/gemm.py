@@ -36,6 +36,7 @@ import numpy as np
 
 from uaii.ir.dtype import DType
 from uaii.ir.errors import UnsupportedDType
+from uaii.kernels.held import from_held, held_kernel_type
 from uaii.kernels.mlxq import MlxLayout, dequantize_mlx, mlx_layout
 from uaii.kernels.native import KernelError, check, f32, ffi, lib, ptr, view_ptr
 from uaii.kernels.nbits import NBitsLayout, dequantize_nbits, nbits_layout
@@ -50,7 +51,8 @@ type compute the same sums in the same order (see docs/kernels.md, "Prefill and 
 class PackedWeight:
     """A weight matrix [n, k] in its storage type: ``data`` holds the packed bytes (no copy of the caller's).
     ``nbits``: the layout of an ONNX MatMulNBits weight (then ``data`` is its B bytes and ``dtype`` is u8); ``mlx``:
-    the layout of an MLX-quantized weight (then ``data`` is its packed words, flat, and ``dtype`` is u32)."""
+    the layout of an MLX-quantized weight (then ``data`` is its packed words, flat, and ``dtype`` is u32); ``form``:
+    the held form its rows are in (uaii.kernels.held; None: the file's layout)."""
 
     data: np.ndarray
     dtype: DType
@@ -59,10 +61,12 @@ class PackedWeight:
     _ptr: Any = field(default=None, repr=False, compare=False)
     nbits: NBitsLayout | None = None
     mlx: MlxLayout | None = None
+    form: str | None = None
 
     @classmethod
-    def from_raw(cls, raw: Any, dtype: DType | str, shape: tuple[int, int]) -> PackedWeight:
-        """Wrap packed bytes (a GGUF tensor's data, a memory map, bytes) of a [n, k] matrix."""
+    def from_raw(cls, raw: Any, dtype: DType | str, shape: tuple[int, int], form: str | None = None) -> PackedWeight:
+        """Wrap packed bytes (a GGUF tensor's data, a memory map, bytes) of a [n, k] matrix; ``form``: the held form
+        the bytes are in (:func:`uaii.kernels.held.held_form`), None for the file's layout."""
         dt = DType.parse(dtype)
         if dt not in DEQUANT_TYPES:
             raise UnsupportedDType(dt, "gemm weights")
@@ -74,7 +78,9 @@ class PackedWeight:
         if data.size < need:
             raise KernelError(f"[kernels] gemm: a [{n}, {k}] {dt.value} weight needs {need} bytes, got {data.size}")
         data = data[:need]
-        return cls(data, dt, n, k, ptr(data))
+        if form is not None:
+            held_kernel_type(dt, form)  # a form of this type, or KernelError
+        return cls(data, dt, n, k, ptr(data), form=form)
 
     @classmethod
     def from_array(cls, w: np.ndarray) -> PackedWeight:
@@ -113,6 +119,11 @@ class PackedWeight:
     def pointer(self) -> Any:
         return self._ptr if self._ptr is not None else ptr(self.data)
 
+    @property
+    def kernel_type(self) -> int:
+        """The type id uk_gemm takes for these bytes: the GGUF type's, or its held form's."""
+        return held_kernel_type(self.dtype, self.form)
+
     def dequantize(self) -> np.ndarray:
         if self.nbits is not None:
             return dequantize_nbits(self.data, self.nbits, self.n, self.k)
@@ -120,7 +131,8 @@ class PackedWeight:
             lay = self.mlx
             return dequantize_mlx(self.data, lay.scales, lay.biases, n=self.n, k=self.k, mode=lay.mode, bits=lay.bits,
                                   group_size=lay.group_size, scale_dtype=lay.scale_dtype)
-        return dequantize(self.data, self.dtype, self.n * self.k).reshape(self.n, self.k)
+        raw = self.data if self.form is None else from_held(self.data, self.dtype, (self.n, self.k), self.form)
+        return dequantize(raw, self.dtype, self.n * self.k).reshape(self.n, self.k)
 
 
 def nbits_call(w: PackedWeight) -> tuple[Any, ...]:
@@ -205,9 +217,8 @@ class _CGemm:
             check(lib.uk_mlx_gemm(*mlx_call(w), ffi.NULL, view_ptr(x2), m, ldx, f32(y), w.n),
                   f"mlx gemm {w.mlx.mode} {w.mlx.bits}-bit, groups of {w.mlx.group_size}, [{w.n}, {w.k}]")
             return y
-        assert w.dtype.gguf_id is not None
-        check(lib.uk_gemm(w.dtype.gguf_id, w.pointer(), w.n, w.k, view_ptr(x2), m, ldx, f32(y), w.n, self._mode),
-              f"gemm {w.dtype.value} [{w.n}, {w.k}]")
+        check(lib.uk_gemm(w.kernel_type, w.pointer(), w.n, w.k, view_ptr(x2), m, ldx, f32(y), w.n, self._mode),
+              f"gemm {w.form or w.dtype.value} [{w.n}, {w.k}]")
         return y
 
     gemv = gemm
