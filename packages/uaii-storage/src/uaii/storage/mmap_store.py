@@ -63,12 +63,15 @@ class MmapStore:
                 start = loc.offset // mmap.PAGESIZE * mmap.PAGESIZE
                 m.map.madvise(mmap.MADV_WILLNEED, start, loc.end - start)
 
-    def acquire(self, ref: Ref) -> np.ndarray:
+    def acquire(self, ref: Ref, form: str | None = None) -> np.ndarray:
+        """``form``: the held form a pinned tensor was rewritten into (PinnedSet.reform); None: the file's layout."""
         key = str(ref)
-        arr = self.pinned.get(key)
+        arr = self.pinned.get(key, form)
         if arr is not None:
             self.telemetry.add(acquires=1, pinned_hits=1, bytes_served=arr.nbytes)
             return arr
+        if form is not None:
+            raise StorageError(f"weight {key!r} is not pinned: only a pinned tensor is held in a form ({form!r})")
         loc, m = self._locate(key)
         self.telemetry.add(acquires=1, bytes_served=loc.nbytes)
         return as_tensor(m.array[loc.offset:loc.end], loc)
@@ -84,7 +87,8 @@ class MmapStore:
                 continue
             loc, m = self._locate(key)
             self.pinned.check_room(key, loc.nbytes)
-            self.pinned.add(key, as_tensor(m.array[loc.offset:loc.end].copy(), loc), loc.nbytes)
+            copy = m.array[loc.offset:loc.end].copy()  # consumers get a read-only view of it (PinnedSet.reform writes)
+            self.pinned.add(key, as_tensor(copy[:], loc), loc.nbytes)
 
     def unpin(self, refs: Iterable[Ref]) -> None:
         for r in refs:

@@ -1,9 +1,15 @@
-"""Pinned weights: read once into resident memory and served from there without I/O or staging."""
+"""Pinned weights: read once into resident memory and served from there without I/O or staging.
+
+A pinned tensor may be rewritten once, in place, into a *held form* a backend's kernels read faster (the same bytes
+in another order, see uaii.kernels.held): the backend asks with :meth:`PinnedSet.reform` before it first acquires
+the tensor, and acquires it naming that form from then on. A consumer that asks for another layout than the one
+held gets a StorageError instead of bytes it would misread.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -17,11 +23,53 @@ class PinnedSet:
         self.budget_bytes = budget_bytes
         self._arrays: dict[str, np.ndarray] = {}
         self._held: dict[str, int] = {}
+        self._forms: dict[str, str] = {}  # ref -> the held form its bytes are in (absent: the file's layout)
+        self._served: set[str] = set()  # refs handed out in the file's layout (no longer rewritable)
         self._lock = threading.Lock()
         self.nbytes = 0
 
-    def get(self, ref: str) -> np.ndarray | None:
-        return self._arrays.get(ref)
+    def get(self, ref: str, form: str | None = None) -> np.ndarray | None:
+        """The resident array of ``ref`` (None when it is not pinned), in ``form`` (None: the file's layout);
+        StorageError when it is held in another."""
+        arr = self._arrays.get(ref)
+        if arr is None:
+            return None
+        held = self._forms.get(ref)
+        if held != form:
+            raise StorageError(f"pinned weight {ref!r} is held in {_layout(held)}, not in {_layout(form)}")
+        if form is None:
+            self._served.add(ref)
+        return arr
+
+    def form_of(self, ref: str) -> str | None:
+        return self._forms.get(ref)
+
+    def reform(self, ref: str, form: str, rewrite: Callable[[np.ndarray], None]) -> bool:
+        """Rewrite the pinned tensor ``ref`` in place into ``form``: ``rewrite(buf)`` gets its resident bytes,
+        writable, and leaves them in that form (no second copy). True when ``ref`` is held in ``form`` (now or
+        already); False when it is not pinned, was already handed out in the file's layout, shares bytes with
+        another pinned tensor (entries of a file that overlap), or is held in another form (then nothing changes).
+        If ``rewrite`` raises, its bytes may be half rewritten: ``ref`` is unpinned (a later acquire reads the file
+        again, as for any tensor not pinned) and the error propagates."""
+        with self._lock:
+            arr = self._arrays.get(ref)
+            if arr is None or ref in self._served:
+                return False
+            held = self._forms.get(ref)
+            if held is not None:
+                return held == form
+            if any(_overlap(arr, other) for r, other in self._arrays.items() if r != ref):
+                return False
+            buf = arr.view()
+            buf.flags.writeable = True  # the store's own buffer: read-only only to its consumers
+            try:
+                rewrite(buf)
+            except BaseException:
+                del self._arrays[ref]
+                self.nbytes -= self._held.pop(ref)
+                raise
+            self._forms[ref] = form
+            return True
 
     def check_room(self, ref: str, held: int) -> None:
         """Raises when pinning ``held`` more bytes for ``ref`` would exceed the budget."""
@@ -42,6 +90,8 @@ class PinnedSet:
             if ref not in self._arrays:
                 return False
             del self._arrays[ref]
+            self._forms.pop(ref, None)
+            self._served.discard(ref)
             self.nbytes -= self._held.pop(ref)
             return True
 
@@ -49,6 +99,8 @@ class PinnedSet:
         with self._lock:
             self._arrays.clear()
             self._held.clear()
+            self._forms.clear()
+            self._served.clear()
             self.nbytes = 0
 
     def __contains__(self, ref: object) -> bool:
@@ -59,3 +111,13 @@ class PinnedSet:
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._arrays))
+
+
+def _layout(form: str | None) -> str:
+    return f"the held form {form!r}" if form else "the file's layout"
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the memory of two contiguous arrays intersects."""
+    sa, sb = a.__array_interface__["data"][0], b.__array_interface__["data"][0]
+    return sa < sb + b.nbytes and sb < sa + a.nbytes

@@ -142,13 +142,16 @@ class StreamingStore:
                 self._pending[key] = None
             self._pump()
 
-    def acquire(self, ref: Ref) -> np.ndarray:
-        """The tensor's bytes, waiting only for its own read; valid until ``release(ref)``."""
+    def acquire(self, ref: Ref, form: str | None = None) -> np.ndarray:
+        """The tensor's bytes, waiting only for its own read; valid until ``release(ref)``. ``form``: the held form
+        a pinned tensor was rewritten into (PinnedSet.reform); a streamed one is always in the file's layout."""
         key = str(ref)
-        arr = self.pinned.get(key)
+        arr = self.pinned.get(key, form)
         if arr is not None:
             self.telemetry.add(acquires=1, pinned_hits=1, bytes_served=arr.nbytes)
             return arr
+        if form is not None:
+            raise StorageError(f"weight {key!r} is not pinned: only a pinned tensor is held in a form ({form!r})")
         with self._lock:
             self._check_open()
             st = self._staged.get(key)

@@ -54,14 +54,18 @@ class WeightData:
     # a streamed weight's staging view: its bytes change from run to run, so a converted copy made while binding
     # would be stale (Bind.packed / Bind.f32_weight convert it in a step before the node's own instead)
     live: bool = False
+    # the held form (uaii.kernels.held) a pinned weight's bytes are in; None: the file's layout
+    form: str | None = None
 
     def as_f32(self) -> np.ndarray:
         """Float32 values (dequantized for block types; bf16 words widened)."""
         if self.dtype.is_quantized:
-            from uaii.kernels import dequantize
+            from uaii.kernels import dequantize, from_held
 
             n = int(np.prod(self.shape))
-            return dequantize(self.raw, self.dtype, n).reshape(self.shape)
+            raw = self.raw if self.form is None else from_held(self.raw, self.dtype, (self.shape[0], self.shape[1]),
+                                                               self.form)
+            return dequantize(raw, self.dtype, n).reshape(self.shape)
         return to_f32(self.raw, self.dtype)
 
 

@@ -59,7 +59,7 @@ from uaii.ir import Graph, Tensor
 from uaii.ir.kvcache import kv_bytes_per_token
 from uaii.ir.ops import UNARY
 from uaii.ir.plan import ArenaLayout
-from uaii.kernels import PackedWeight
+from uaii.kernels import PackedWeight, held_form, write_held
 
 GENERIC: dict[str, Callable[[Bind, NodeInfo], list[Step]]] = {**NUMPY, **EXTRA, **MATH, **SELECT, **SHAPE, **NBITS,
                                                                    **MLXQ}
@@ -135,6 +135,7 @@ class CpuExecutable:
         self._profiled: dict[int, Binding] | None = None  # while profiling: the bindings run since the last take
         self.streaming = StreamingWeights(self, weights, streamed, prefetch_order, expert_cache,
                                           chunk_bytes) if streamed else None
+        self._gemm_only = gemm_only_weights(graph, infos)
         eager = self.weight_names - self._banks - (self.streaming.names if self.streaming else set())
         for name in sorted(eager):  # banks may be separate per-expert tensors: see _Bank
             self.weight(name)
@@ -179,9 +180,26 @@ class CpuExecutable:
             return self.streaming.live_weight(name)
         if w is None:
             t = self.graph.tensor(name)
-            raw = _tensor_bytes(t, self._source)
-            w = self._weights[name] = WeightData(name, t.dtype, tuple(int(d) for d in t.shape), raw)
+            form = self._held_form(t)
+            raw = _tensor_bytes(t, self._source, form)
+            w = self._weights[name] = WeightData(name, t.dtype, tuple(int(d) for d in t.shape), raw, form=form)
         return w
+
+    def _held_form(self, t: Tensor) -> str | None:
+        """The held form (uaii.kernels.held) a pinned weight is kept in, rewritten in place by the store the first
+        time a CPU executable binds it (the session's executables then share it): only where every node reading it
+        is a GEMM over its transposed rows, which reads it through PackedWeight (a numpy fallback converts it back:
+        WeightData.as_f32). None keeps the file's layout: a streamed or mapped weight, another consumer, a type or
+        row length without a held form on this machine, or a tensor already handed out as it is."""
+        if t.name not in self._gemm_only or t.weight is None or len(t.shape) != 2:
+            return None
+        form = held_form(t.dtype, int(t.shape[1]))
+        reform = getattr(getattr(self._source, "pinned", None), "reform", None)
+        if form is None or reform is None:
+            return None
+        shape = (int(t.shape[0]), int(t.shape[1]))
+        ok = reform(weight_key(t), form, lambda buf: write_held(buf, buf, t.dtype, shape, form))
+        return form if ok else None
 
     def acquire(self, ref: str) -> np.ndarray:
         """Raw bytes of any reference of the weight source (an expert slice ``#e=N``), released on close."""
@@ -202,7 +220,7 @@ class CpuExecutable:
         def make() -> PackedWeight:
             w = self.weight(name)
             if transpose_b:
-                return PackedWeight.from_raw(w.raw, w.dtype, (w.shape[0], w.shape[1]))
+                return PackedWeight.from_raw(w.raw, w.dtype, (w.shape[0], w.shape[1]), form=w.form)
             return PackedWeight.from_array(np.ascontiguousarray(to_f32(w.raw, w.dtype).reshape(w.shape).T))
         return self.cached(("packed", name, transpose_b), make)
 
@@ -534,13 +552,37 @@ def lower_node(b: Bind, info: NodeInfo) -> list[Step]:
     return got
 
 
-def _tensor_bytes(t: Tensor, source: WeightSource) -> np.ndarray:
-    """A weight's or constant's data as the kernels want it: typed array, or flat uint8 for block types."""
+def _tensor_bytes(t: Tensor, source: WeightSource, form: str | None = None) -> np.ndarray:
+    """A weight's or constant's data as the kernels want it: typed array, or flat uint8 for block types;
+    ``form``: the held form the source keeps it in (None: the file's layout)."""
     if t.is_constant:
         assert t.data is not None
         raw = np.frombuffer(t.data, np.uint8)
         return raw if t.dtype.is_quantized else raw.view(t.dtype.numpy).reshape([int(d) for d in t.shape])
+    if form is not None:
+        return weight_array(t, source.acquire(weight_key(t), form=form))  # type: ignore[call-arg]
     return weight_array(t, source.acquire(weight_key(t)))
+
+
+GEMM_OPS = frozenset({"MatMul", "MatMulRelu", "GroupedMatMul"})
+
+
+def gemm_only_weights(graph: Graph, infos: Sequence[NodeInfo]) -> frozenset[str]:
+    """The weights that only GEMMs read, each as a transposed weight operand (inputs 1.. of MatMul, MatMulRelu,
+    GroupedMatMul with ``transpose_b``): the ones a held form may rearrange (see CpuExecutable._held_form)."""
+    weights = {t.name for t in graph.tensors if t.is_weight}
+    gemm: set[str] = set()
+    other: set[str] = set(graph.outputs)
+    for info in infos:
+        node = info.node
+        for i, name in enumerate(node.inputs):
+            if name not in weights:
+                continue
+            if node.op in GEMM_OPS and i >= 1 and bool(info.attrs.get("transpose_b", False)):
+                gemm.add(name)
+            else:
+                other.add(name)
+    return frozenset(gemm - other)
 
 
 def weight_array(t: Tensor, data: Any) -> np.ndarray:

@@ -158,8 +158,7 @@ def _gemm(pw: PackedWeight, x: np.ndarray, y: np.ndarray, mode: int, where: str)
         if rc:
             raise status_fail(where, rc)
         return
-    assert pw.dtype.gguf_id is not None
-    rc = lib.uk_gemm(pw.dtype.gguf_id, pw.pointer(), pw.n, pw.k, fptr(x), x.shape[0], pw.k, fptr(y), pw.n, mode)
+    rc = lib.uk_gemm(pw.kernel_type, pw.pointer(), pw.n, pw.k, fptr(x), x.shape[0], pw.k, fptr(y), pw.n, mode)
     if rc:
         raise status_fail(where, rc)
 

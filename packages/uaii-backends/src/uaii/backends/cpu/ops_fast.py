@@ -49,8 +49,7 @@ def gemm_steps(b: Bind, w_name: str, x: np.ndarray, y: np.ndarray, transpose_b: 
     m = x.size // pw.k if pw.k else 0
     if m == 0 or pw.n == 0:
         return []
-    assert pw.dtype.gguf_id is not None
-    steps = [kernel(lib.uk_gemm, pw.dtype.gguf_id, pw.pointer(), pw.n, pw.k, fptr(x), m, pw.k, fptr(y), pw.n, mode)]
+    steps = [kernel(lib.uk_gemm, pw.kernel_type, pw.pointer(), pw.n, pw.k, fptr(x), m, pw.k, fptr(y), pw.n, mode)]
     if relu:
         steps.append(numpy_step(lambda: np.maximum(y, 0, out=y)))
     return steps
