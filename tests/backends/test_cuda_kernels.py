@@ -4,8 +4,12 @@ Without a device (CI): every module compiles with NVRTC for sm_80 and sm_90 and 
 names; the on-disk cache reuses a CUBIN under a key of source digest, architecture and NVRTC version, written
 whole or not at all; the GGUF decoders (kernels/decode.cuh) are also built by the host C compiler and decode every
 type bit for bit as uaii.kernels.dequantize; the launch geometry covers every row once within the device limits.
+The int8 prefill GEMM's arithmetic (mmq.cu: decode.cuh's integer units, the activation quantizer, the per-pair
+sums) is built on the host too: units decode to the float decoders' values, activations quantize to the CPU's bits,
+and the sums are the exact product of their inputs up to rounding.
 With a device (tests marked by ``needs_device``, skipped with "no CUDA device" elsewhere): every GEMV type and row
-count against numpy, dequantize bit for bit, RMSNorm, SwiGLU, RoPE and decode attention against the CPU kernels.
+count against numpy, the int8 GEMM against its host build, dequantize bit for bit, RMSNorm, SwiGLU, RoPE and decode
+attention against the CPU kernels.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from uaii.backends.base import BackendError
 from uaii.backends.cuda import geometry
 from uaii.backends.cuda.device import arch_for, device_count
 from uaii.backends.cuda.nvrtc import cache_key, compile_module, nvrtc_version, write_atomic
-from uaii.backends.cuda.sources import GEMV_ROWS, MODULES, TYPES, source
+from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, MODULES, TYPES, source
 from uaii.ir import DType
+from uaii.kernels.testing import random_weight
 
 HAVE_NVRTC = importlib.util.find_spec("cuda.bindings") is not None
 if not HAVE_NVRTC and os.environ.get("CI"):
@@ -107,6 +112,7 @@ def test_architecture_of_a_device() -> None:
 
 # --------------------------------------------------------------------------------- decoders on the host
 HOST_WRAPPER = """
+#include <math.h>
 #include <string.h>
 #define UK_DEV static inline
 static inline float uk_bits_float(unsigned int b) { float f; memcpy(&f, &b, 4); return f; }
@@ -114,6 +120,30 @@ static inline float uk_bits_float(unsigned int b) { float f; memcpy(&f, &b, 4); 
 #include "decode.cuh"
 void uk_decode_units(int t, const unsigned char *row, long long units, float *y) {
     for (long long u = 0; u < units; u++) uk_row_unit(t, row, u, y + 32 * u);
+}
+void uk_decode_units_int(int t, const unsigned char *row, long long units, signed char *q, float *sc, float *mn) {
+    for (long long u = 0; u < units; u++) uk_row_unit_int(t, row, u, q + 32 * u, sc + 2 * u, mn + u);
+}
+void uk_quant_act_blocks(const float *x, long long blocks, signed char *q, float *d, float *s) {
+    for (long long b = 0; b < blocks; b++) uk_quant_act_block(x + 32 * b, q + 32 * b, d + b, s + b);
+}
+/* mmq.cu's sums, one pair at a time in the kernel's order: units in turn, each half's integer sum, uk_unit_dot */
+void uk_mmq_host(int t, const unsigned char *w, long long row_bytes, int n, int k, const signed char *qa,
+                 const float *da, const float *sa, int m, float *y) {
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < m; c++) {
+            float acc = 0.0f;
+            for (long long u = 0; u < k / 32; u++) {
+                signed char q[32];
+                float sc[2], mn;
+                uk_row_unit_int(t, w + r * row_bytes, u, q, sc, &mn);
+                const signed char *a = qa + (long long)c * k + 32 * u;
+                int lo = 0, hi = 0;
+                for (int j = 0; j < 16; j++) { lo += q[j] * a[j]; hi += q[j + 16] * a[j + 16]; }
+                acc += uk_unit_dot(lo, hi, sc, mn, da[c * (k / 32) + u], sa[c * (k / 32) + u]);
+            }
+            y[(long long)c * n + r] = acc;
+        }
 }
 """
 
@@ -125,7 +155,14 @@ def host_decode(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from cffi import FFI
 
     ffi = FFI()
-    ffi.cdef("void uk_decode_units(int t, const unsigned char *row, long long units, float *y);")
+    ffi.cdef("""
+        void uk_decode_units(int t, const unsigned char *row, long long units, float *y);
+        void uk_decode_units_int(int t, const unsigned char *row, long long units, signed char *q, float *sc,
+                                 float *mn);
+        void uk_quant_act_blocks(const float *x, long long blocks, signed char *q, float *d, float *s);
+        void uk_mmq_host(int t, const unsigned char *w, long long row_bytes, int n, int k, const signed char *qa,
+                         const float *da, const float *sa, int m, float *y);
+    """)
     ffi.set_source("_uk_cuda_decode_host", HOST_WRAPPER, include_dirs=[str(KERNELS)],
                    extra_compile_args=["-O2", "-ffp-contract=off", "-std=c99"])
     out = tmp_path_factory.mktemp("cuda_decode")
@@ -169,6 +206,73 @@ def test_decoders_match_dequantize_bit_for_bit(dtype: DType, host_decode: Any, r
                                f"{got.view(np.uint32)[bad[0]]:#x}, {want.view(np.uint32)[bad[0]]:#x})")
 
 
+def _ptr(host: Any, ctype: str, a: np.ndarray) -> Any:
+    return host.ffi.from_buffer(f"{ctype}[]", a)
+
+
+def _decode_int(host: Any, dtype: DType, raw: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q, sc, mn = np.empty(n, np.int8), np.empty(n // 16, np.float32), np.empty(n // 32, np.float32)
+    host.lib.uk_decode_units_int(TYPES[dtype][0], _ptr(host, "unsigned char", raw), n // 32,
+                                 _ptr(host, "signed char", q), _ptr(host, "float", sc), _ptr(host, "float", mn))
+    return q, sc, mn
+
+
+def _quantize_act(host: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+    q, d, s = np.empty(flat.size, np.int8), np.empty(flat.size // 32, np.float32), np.empty(flat.size // 32, np.float32)
+    host.lib.uk_quant_act_blocks(_ptr(host, "float", flat), flat.size // 32, _ptr(host, "signed char", q),
+                                 _ptr(host, "float", d), _ptr(host, "float", s))
+    return q, d, s
+
+
+@pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
+def test_integer_units_decode_to_the_float_decoders_values(dtype: DType, host_decode: Any,
+                                                           rng: np.random.Generator) -> None:
+    """The int8 GEMM's form of every unit (q, two half scales, an additive term) gives uk_unit's values: quantized
+    random weights, and random bytes with finite scales."""
+    n = 256 * 12
+    samples = [K.quantize(rng.standard_normal(n).astype(np.float32) * 3, dtype)] if dtype in K.QUANT_TYPES else []
+    samples.append(random_weight(dtype, 1, n, seed=3))
+    for raw in samples:
+        q, sc, mn = _decode_int(host_decode, dtype, raw, n)
+        values = np.repeat(sc, 16) * q.astype(np.float32) + np.repeat(mn, 32)
+        want = _decode(host_decode, dtype, raw, n)
+        assert np.isfinite(want).all() and np.array_equal(values, want), dtype  # +0 and -0 compare equal
+
+
+def test_the_activation_quantizer_is_the_cpus_bit_for_bit(host_decode: Any, rng: np.random.Generator) -> None:
+    x = rng.standard_normal(32 * 64).astype(np.float32) * np.repeat(rng.uniform(1e-3, 1e3, 64), 32).astype(np.float32)
+    x[:32] = 0.0                                                   # an all-zero block
+    x[32:64] = np.arange(32, dtype=np.float32) - 15.5              # rounding ties (x * 127 / 16.5 ...)
+    x[64:96] = np.float32(3e38) * np.sign(rng.standard_normal(32)).astype(np.float32)
+    got, want = _quantize_act(host_decode, x), K.quantize_activations(x)
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g.view(np.uint8) if g.dtype == np.int8 else g.view(np.uint32),
+                              w.view(np.uint8) if w.dtype == np.int8 else w.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
+def test_the_int8_gemm_sums_the_exact_product_of_its_inputs(dtype: DType, host_decode: Any,
+                                                            rng: np.random.Generator) -> None:
+    """mmq.cu's arithmetic (built on the host, pair by pair in the kernel's order) against the exact product of
+    the dequantized weight and the quantized activations: it may only round (what a device adds is the tiling)."""
+    n, k, m = 37, 512, 5
+    raw = random_weight(dtype, n, k, seed=11)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    qa, da, sa = _quantize_act(host_decode, x)
+    y = np.empty((m, n), np.float32)
+    host_decode.lib.uk_mmq_host(TYPES[dtype][0], _ptr(host_decode, "unsigned char", raw), dtype.nbytes(k), n, k,
+                                _ptr(host_decode, "signed char", qa), _ptr(host_decode, "float", da),
+                                _ptr(host_decode, "float", sa), m, _ptr(host_decode, "float", y))
+    w = K.dequantize(raw, dtype, n * k).reshape(n, k).astype(np.float64)
+    xq = (qa.reshape(m, k // 32, 32).astype(np.float64) * da.reshape(m, k // 32, 1)).reshape(m, k)
+    want = xq @ w.T
+    scale = np.abs(xq) @ np.abs(w).T
+    assert np.all(np.abs(y - want) <= 1e-5 * scale + 1e-30), np.abs(y - want).max()
+    cpu = K.matmul(x, K.PackedWeight.from_raw(raw, dtype, (n, k)))  # the CPU's int8 path: the same inputs
+    np.testing.assert_allclose(y, cpu, rtol=1e-4, atol=1e-4 * float(np.abs(cpu).max()))
+
+
 def test_the_type_table_agrees_with_the_ir() -> None:
     for dtype, (_, suffix, nbytes, units) in TYPES.items():
         assert dtype.nbytes(32 * units) == nbytes, dtype
@@ -189,6 +293,17 @@ def test_gemv_splits_cover_the_rows_with_instantiated_sizes(m: int) -> None:
     assert [s for s, _ in parts] == list(np.cumsum([0] + [k for _, k in parts])[:-1])
     assert sum(k for _, k in parts) == m and all(k in GEMV_ROWS for _, k in parts)
     assert len(parts) <= m // 8 + 3
+
+
+@pytest.mark.parametrize(("n", "m"), [(1, 1), (64, 64), (65, 3), (576, 512), (1536, 17), (49152, 130)])
+def test_mmq_launch_covers_every_pair_once(n: int, m: int) -> None:
+    at = geometry.mmq(n, m)
+    assert at.block == (16, 16, 1)
+    tiles = geometry.mmq_tiles(at, n, m)
+    assert sum((r1 - r0) * (c1 - c0) for r0, r1, c0, c1 in tiles) == n * m
+    assert all(r0 < r1 and c0 < c1 for r0, r1, c0, c1 in tiles)
+    with pytest.raises(BackendError, match="weight and activation rows"):
+        geometry.mmq(0, m)
 
 
 def test_launch_limits_are_refused() -> None:
@@ -244,6 +359,35 @@ def test_dequantize_on_the_device_is_bit_exact(dtype: DType, device: Any, rng: n
     device.synchronize()
     got, want = device.download(dy, (n,), np.float32), K.dequantize(raw, dtype, n).astype(np.float32)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@needs_device
+@pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
+def test_int8_gemm_on_the_device(dtype: DType, device: Any, host_decode: Any, rng: np.random.Generator) -> None:
+    """quant_act gives the CPU's int8 blocks bit for bit; mmq_<type> (tiles past both edges) the host-built sums up
+    to the rounding of contracted float operations."""
+    n, k, m = 131, 768, 70
+    nb = k // 32
+    raw = random_weight(dtype, n, k, seed=5)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    dw, dx = device.upload(raw), device.upload(x)
+    dq, dd, ds, dy = device.alloc(m * k), device.alloc(m * nb * 4), device.alloc(m * nb * 4), device.alloc(m * n * 4)
+    c = ctypes
+    device.launch("mmq", "quant_act", geometry.elementwise(m * nb), dx, c.c_longlong(k), c.c_int(m), c.c_int(k),
+                  dq, dd, ds)
+    device.launch("mmq", f"mmq_{TYPES[dtype][1]}", geometry.mmq(n, m), dw, c.c_longlong(dtype.nbytes(k)),
+                  c.c_int(n), c.c_int(k), dq, dd, ds, c.c_int(m), dy, c.c_longlong(n))
+    device.synchronize()
+    qa, da, sa = _quantize_act(host_decode, x)
+    assert np.array_equal(device.download(dq, (m * k,), np.int8), qa)
+    assert np.array_equal(device.download(dd, (m * nb,), np.float32).view(np.uint32), da.view(np.uint32))
+    assert np.array_equal(device.download(ds, (m * nb,), np.float32).view(np.uint32), sa.view(np.uint32))
+    want = np.empty((m, n), np.float32)
+    host_decode.lib.uk_mmq_host(TYPES[dtype][0], _ptr(host_decode, "unsigned char", raw), dtype.nbytes(k), n, k,
+                                _ptr(host_decode, "signed char", qa), _ptr(host_decode, "float", da),
+                                _ptr(host_decode, "float", sa), m, _ptr(host_decode, "float", want))
+    got = device.download(dy, (m, n), np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
 @needs_device

@@ -22,6 +22,8 @@ NORM_BLOCK = 256        # ops.cu's UK_BLOCK: one block per row
 ATTN_KEYS = 128         # attn_scores' keys per block
 ATTN_SOFTMAX = 256      # attention.cu's UK_ATTN_BLOCK
 ATTN_VALUES = 128       # attn_wsum's output values per block
+MMQ_TILE = 64           # mmq.cu's MMQ_TILE: weight rows and activation rows per block
+MMQ_SIDE = 16           # mmq.cu's MMQ_SIDE: a block is MMQ_SIDE x MMQ_SIDE threads
 
 
 @dataclass(frozen=True)
@@ -89,4 +91,18 @@ def attention(rows: int, hq: int, s_max: int, dv: int) -> tuple[Launch, Launch, 
             Launch((_blocks(dv, ATTN_VALUES), hq, rows), (min(ATTN_VALUES, max(dv, 1)), 1, 1)))
 
 
-__all__ = ["Launch", "attention", "elementwise", "gemv", "gemv_splits", "norm"]
+def mmq(n: int, m: int) -> Launch:
+    """mmq_<type>: one block per tile of MMQ_TILE weight rows (grid x) by MMQ_TILE activation rows (grid y)."""
+    if n < 1 or m < 1:
+        raise BackendError(f"[cuda] an int8 GEMM needs weight and activation rows, found n = {n}, m = {m}")
+    return Launch((_blocks(n, MMQ_TILE), _blocks(m, MMQ_TILE), 1), (MMQ_SIDE, MMQ_SIDE, 1))
+
+
+def mmq_tiles(launch: Launch, n: int, m: int) -> list[tuple[int, int, int, int]]:
+    """The (weight row, activation row) ranges each block of an mmq launch computes, [r0, r1) x [c0, c1), as the
+    kernel clips them (the host's model of the kernel's indexing, for tests)."""
+    return [(bx * MMQ_TILE, min(n, (bx + 1) * MMQ_TILE), by * MMQ_TILE, min(m, (by + 1) * MMQ_TILE))
+            for bx in range(launch.grid[0]) for by in range(launch.grid[1])]
+
+
+__all__ = ["Launch", "attention", "elementwise", "gemv", "gemv_splits", "mmq", "mmq_tiles", "norm"]

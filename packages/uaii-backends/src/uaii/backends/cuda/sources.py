@@ -33,6 +33,9 @@ TYPES: dict[DType, tuple[int, str, int, int]] = {
 }
 """The weight encodings the CUDA kernels decode in registers (GEMV, dequantize, embedding rows)."""
 
+MMQ_TYPES = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
+"""The block types the int8 prefill GEMM (mmq.cu) reads in their integer form (decode.cuh: uk_unit_int)."""
+
 GEMV_ROWS = (1, 2, 4, 8)
 """Activation rows a GEMV kernel is instantiated for (gemv_<type>_m<M>); more rows run as several launches."""
 
@@ -57,6 +60,7 @@ MODULES: dict[str, Module] = {
                       tuple(f"{kind}_{t[1]}" for t in TYPES.values() for kind in ("dequant", "rows"))),
     "ops": Module("ops", (), ("rms_norm", "add_rms_norm", "swiglu", "add", "rope")),
     "attention": Module("attention", (), ("attn_scores", "attn_softmax", "attn_wsum")),
+    "mmq": Module("mmq", (), ("quant_act", *(f"mmq_{TYPES[t][1]}" for t in MMQ_TYPES))),
 }
 
 
@@ -80,4 +84,4 @@ def digest(module: Module) -> str:
     return h.hexdigest()
 
 
-__all__ = ["GEMV_ROWS", "HEADERS", "MODULES", "TYPES", "Module", "digest", "headers", "source"]
+__all__ = ["GEMV_ROWS", "HEADERS", "MMQ_TYPES", "MODULES", "TYPES", "Module", "digest", "headers", "source"]

@@ -176,4 +176,98 @@ UK_DEV void uk_row_unit(int t, const uk_u8 *row, long long unit, float *y) {
     uk_unit(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), y);
 }
 
+/* --- the integer form of a unit, for the int8 GEMM (mmq.cu) ----------------------------------------------------
+   Value j of unit u is sc[j / 16] * q[j] + mn with q an int8: the operations of uk_unit where it has them (Q4_K's
+   d1 * q - m1 is d1 * q + (-m1); Q6_K's d * sc * q is (d * sc) * q), so that the integer form decodes to uk_unit's
+   values (a zero may change sign). Types with one scale per unit repeat it in sc[1]. Block types only. */
+UK_DEV void uk_unit_int(int t, const uk_u8 *p, int u, uk_i8 *q, float *sc, float *mn) {
+    int j;
+    switch (t) {
+    case UK_Q4_0: case UK_Q4_1: {
+        const int off = t == UK_Q4_0 ? 8 : 0, at = t == UK_Q4_0 ? 2 : 4;
+        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
+        *mn = t == UK_Q4_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
+        for (j = 0; j < 16; j++) {
+            q[j] = (uk_i8)((p[at + j] & 0x0f) - off);
+            q[j + 16] = (uk_i8)((p[at + j] >> 4) - off);
+        }
+        break;
+    }
+    case UK_Q5_0: case UK_Q5_1: {
+        const int off = t == UK_Q5_0 ? 16 : 0, at = t == UK_Q5_0 ? 6 : 8;
+        const uk_u32 qh = uk_ld32(p + at - 4);
+        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
+        *mn = t == UK_Q5_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
+        for (j = 0; j < 16; j++) {
+            q[j] = (uk_i8)((int)((p[at + j] & 0x0f) | (((qh >> j) & 1u) << 4)) - off);
+            q[j + 16] = (uk_i8)((int)((p[at + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - off);
+        }
+        break;
+    }
+    case UK_Q8_0:
+        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
+        *mn = 0.0f;
+        for (j = 0; j < 32; j++) q[j] = (uk_i8)p[2 + j];
+        break;
+    case UK_Q4_K: case UK_Q5_K: {
+        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
+        int s6, m6;
+        uk_scale_min_k4(u, p + 4, &s6, &m6);
+        sc[0] = sc[1] = d * (float)s6;
+        *mn = -(dmin * (float)m6);
+        if (t == UK_Q4_K) {
+            const uk_u8 *qs = p + 16 + 32 * (u / 2);
+            for (j = 0; j < 32; j++) q[j] = (uk_i8)(u % 2 == 0 ? (qs[j] & 0x0f) : (qs[j] >> 4));
+        } else {
+            const uk_u8 *qh = p + 16, *ql = p + 48 + 32 * (u / 2);
+            for (j = 0; j < 32; j++)
+                q[j] = (uk_i8)((u % 2 == 0 ? (ql[j] & 0x0f) : (ql[j] >> 4)) | (((qh[j] >> u) & 1) << 4));
+        }
+        break;
+    }
+    default: {                                                 /* UK_Q6_K */
+        const float d = uk_h2f(uk_ld16(p + 208));
+        const int half = u / 4, k = u % 4;
+        const uk_u8 *ql = p + 64 * half + (k & 1) * 32, *qh = p + 128 + 32 * half;
+        const uk_i8 *s8 = (const uk_i8 *)(p + 192) + 8 * half + 2 * k;
+        const int shift = 2 * k, hi = k >> 1;
+        sc[0] = d * (float)s8[0];
+        sc[1] = d * (float)s8[1];
+        *mn = 0.0f;
+        for (j = 0; j < 32; j++)
+            q[j] = (uk_i8)(((hi ? (ql[j] >> 4) : (ql[j] & 0x0f)) | (((qh[j] >> shift) & 3) << 4)) - 32);
+        break;
+    }
+    }
+}
+
+UK_DEV void uk_row_unit_int(int t, const uk_u8 *row, long long unit, uk_i8 *q, float *sc, float *mn) {
+    const int per = uk_block_units(t);
+    uk_unit_int(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), q, sc, mn);
+}
+
+/* 32 activations as the CPU's integer path quantizes them (uk_q8a_ref): q = round-half-even(x * 127 / amax),
+   d = amax / 127, s = d * sum(q); the same bits where compiled without contraction (--fmad=false) */
+UK_DEV void uk_quant_act_block(const float *x, uk_i8 *q, float *d, float *s) {
+    float amax = 0.0f;
+    int j, sum = 0;
+    for (j = 0; j < 32; j++) {
+        const float a = fabsf(x[j]);
+        amax = amax > a ? amax : a;
+    }
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (j = 0; j < 32; j++) {
+        q[j] = (uk_i8)(int)rintf(x[j] * id);
+        sum += q[j];
+    }
+    *d = amax / 127.0f;
+    *s = *d * (float)sum;
+}
+
+/* one (weight unit, activation block) pair of the int8 GEMM: the integer sums of each 16-value half, then
+   da * (sc0 * lo + sc1 * hi) + mn * sa (sa = da * sum(qa) stands for the sum of the activations) */
+UK_DEV float uk_unit_dot(int lo, int hi, const float *sc, float mn, float da, float sa) {
+    return da * (sc[0] * (float)lo + sc[1] * (float)hi) + mn * sa;
+}
+
 #endif
