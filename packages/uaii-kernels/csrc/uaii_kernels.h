@@ -83,7 +83,8 @@ int uk_gemm(int type, const void *w, int64_t n, int64_t k, const float *x, int64
    every mode. uk_held_type returns the kernel type of that form for rows of k values of `type` (`type` itself when
    there is none: then nothing is gained by rewriting); uk_gemm takes it as `type`. uk_relayout rewrites n rows of
    k values from `from_type` to `to_type` (a type and its held form, either way; dst == src rewrites in place,
-   other overlaps are refused); UK_E_TYPE for any other pair. A held form is no format of its own: uk_dequantize and uk_get_rows refuse it. */
+   other overlaps are refused); UK_E_TYPE for any other pair. A held form is no format of its own: uk_dequantize
+   and uk_get_rows refuse it. */
 int uk_held_type(int type, int64_t k);
 int uk_relayout(int from_type, int to_type, const void *src, void *dst, int64_t n, int64_t k);
 
