@@ -142,7 +142,7 @@ class WeightSource(Protocol):
     """Resolves weight references (``str(WeightRef)``, or the tensor name for caller-supplied weights).
 
     A source with a ``pinned`` set (uaii.storage's stores) also lets a backend keep pinned tensors in a held form
-    of its kernels: ``pinned.reform(ref, form, write)``, then ``acquire(ref, form=form)``."""
+    of its kernels: ``pinned.reform(ref, form, rewrite)``, then ``acquire(ref, form=form)``."""
 
     def acquire(self, ref: str) -> np.ndarray: ...
 

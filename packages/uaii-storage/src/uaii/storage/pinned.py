@@ -29,17 +29,23 @@ class PinnedSet:
         self.nbytes = 0
 
     def get(self, ref: str, form: str | None = None) -> np.ndarray | None:
-        """The resident array of ``ref`` (None when it is not pinned), in ``form`` (None: the file's layout);
-        StorageError when it is held in another."""
-        arr = self._arrays.get(ref)
-        if arr is None:
-            return None
-        held = self._forms.get(ref)
-        if held != form:
-            raise StorageError(f"pinned weight {ref!r} is held in {_layout(held)}, not in {_layout(form)}")
-        if form is None:
-            self._served.add(ref)
-        return arr
+        """The resident array of ``ref`` in ``form`` (None: the file's layout); None when it is not pinned and no
+        form is asked for. StorageError when it is held in another form, or a form is asked of a tensor not pinned
+        (only a pinned tensor is ever rewritten). Under the lock: a reform in progress is never handed out half
+        rewritten, and a tensor handed out as it is is never rewritten after."""
+        with self._lock:
+            arr = self._arrays.get(ref)
+            if arr is None:
+                if form is not None:
+                    raise StorageError(f"weight {ref!r} is not pinned: only a pinned tensor is held in a form "
+                                       f"({form!r})")
+                return None
+            held = self._forms.get(ref)
+            if held != form:
+                raise StorageError(f"pinned weight {ref!r} is held in {_layout(held)}, not in {_layout(form)}")
+            if form is None:
+                self._served.add(ref)
+            return arr
 
     def form_of(self, ref: str) -> str | None:
         return self._forms.get(ref)
@@ -65,8 +71,7 @@ class PinnedSet:
             try:
                 rewrite(buf)
             except BaseException:
-                del self._arrays[ref]
-                self.nbytes -= self._held.pop(ref)
+                self._drop(ref)
                 raise
             self._forms[ref] = form
             return True
@@ -89,11 +94,15 @@ class PinnedSet:
         with self._lock:
             if ref not in self._arrays:
                 return False
-            del self._arrays[ref]
-            self._forms.pop(ref, None)
-            self._served.discard(ref)
-            self.nbytes -= self._held.pop(ref)
+            self._drop(ref)
             return True
+
+    def _drop(self, ref: str) -> None:
+        """Forget a pinned ``ref`` (the caller holds the lock)."""
+        del self._arrays[ref]
+        self._forms.pop(ref, None)
+        self._served.discard(ref)
+        self.nbytes -= self._held.pop(ref)
 
     def clear(self) -> None:
         with self._lock:
