@@ -9,6 +9,7 @@
 #include "uk_internal.h"
 
 #define X16_BLOCKS 16
+#define Q41_BYTES ((int)sizeof(block_q4_1))
 
 int uk_held_base(int type) { return type == T_Q4_1_X16 ? T_Q4_1 : type; }
 
@@ -17,6 +18,13 @@ int uk_held_type(int type, int64_t k) {
     /* only rows with a whole 16-block group gain anything; the tiles read the held form on AVX-512 VBMI only */
     if (type == T_Q4_1 && k > 0 && k % QK == 0 && k / QK >= X16_BLOCKS && uk_kt.gemmw[T_Q4_1_X16]) return T_Q4_1_X16;
     return type;
+}
+
+/* n bytes at offset f of a group in the file's layout and at offset h of the held form: file -> held (held = 1)
+   or back */
+static inline void x16_move(int held, uint8_t *dst, const uint8_t *in, int f, int h, size_t n) {
+    if (held) memcpy(dst + h, in + f, n);
+    else memcpy(dst + f, in + h, n);
 }
 
 /* one row of nb Q4_1 blocks into the held form (held = 1) or back (held = 0); src == dst rewrites it in place
@@ -31,21 +39,13 @@ static void x16_row(const uint8_t *src, uint8_t *dst, int64_t nb, int held) {
             in = tmp;
         }
         for (int i = 0; i < X16_BLOCKS; i++) {
-            const int blk = 20 * i;    /* block i of the file's layout: d, m, qs[16] */
-            for (int c = 0; c < 4; c++) {
-                if (held) memcpy(dst + 64 * c + 4 * i, in + blk + 4 + 4 * c, 4);
-                else memcpy(dst + blk + 4 + 4 * c, in + 64 * c + 4 * i, 4);
-            }
-            if (held) {
-                memcpy(dst + 256 + 2 * i, in + blk, 2);
-                memcpy(dst + 288 + 2 * i, in + blk + 2, 2);
-            } else {
-                memcpy(dst + blk, in + 256 + 2 * i, 2);
-                memcpy(dst + blk + 2, in + 288 + 2 * i, 2);
-            }
+            const int blk = Q41_BYTES * i;    /* block i of the file's layout: d, m, qs[16] */
+            for (int c = 0; c < 4; c++) x16_move(held, dst, in, blk + 4 + 4 * c, 64 * c + 4 * i, 4);
+            x16_move(held, dst, in, blk, 256 + 2 * i, 2);          /* d */
+            x16_move(held, dst, in, blk + 2, 288 + 2 * i, 2);      /* m */
         }
     }
-    if (src != dst) memcpy(dst, src, (size_t)(20 * (nb - X16_BLOCKS * n16)));
+    if (src != dst) memcpy(dst, src, (size_t)(Q41_BYTES * (nb - X16_BLOCKS * n16)));
 }
 
 /* the dequantizer of a held Q4_1 row (gemm.c's f32 path, mode 1): each group back to the file's layout on the
@@ -86,7 +86,7 @@ int uk_relayout(int from_type, int to_type, const void *src, void *dst, int64_t 
     if (!held && !(from_type == T_Q4_1_X16 && to_type == T_Q4_1)) return UK_E_TYPE;
     if (n < 0 || k <= 0 || k % QK || (n > 0 && (!src || !dst))) return UK_E_ARG;
     if (n == 0) return UK_OK;
-    const int64_t nb = k / QK, row_bytes = nb * 20;
+    const int64_t nb = k / QK, row_bytes = nb * Q41_BYTES;
     const uint8_t *s = src;
     uint8_t *d = dst;
     if (s != d && s < d + n * row_bytes && d < s + n * row_bytes) return UK_E_ARG;   /* overlapping, not in place */

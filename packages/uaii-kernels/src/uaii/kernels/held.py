@@ -11,8 +11,6 @@ format: nothing but :class:`~uaii.kernels.PackedWeight` reads it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from uaii.ir.dtype import DType
@@ -43,35 +41,32 @@ def held_kernel_type(dtype: DType, form: str | None) -> int:
     return base[1]
 
 
-def _rows(form: str, dtype: DType, shape: tuple[int, int], *arrays: Any) -> tuple[int, int]:
+def _relayout(src: np.ndarray, dst: np.ndarray, dtype: DType | str, shape: tuple[int, int], form: str,
+              to_held: bool) -> None:
+    dt = DType.parse(dtype)
+    kt = held_kernel_type(dt, form)
     n, k = (int(s) for s in shape)
-    need = dtype.nbytes(n * k)
-    for a in arrays:
+    need = dt.nbytes(n * k)
+    for a in (src, dst):
         if a.nbytes != need:
-            raise KernelError(f"[kernels] held form {form}: a [{n}, {k}] {dtype.value} weight is {need} bytes, "
+            raise KernelError(f"[kernels] held form {form}: a [{n}, {k}] {dt.value} weight is {need} bytes, "
                               f"got an array of {a.nbytes}")
-    return n, k
+    assert dt.gguf_id is not None
+    frm, to = (dt.gguf_id, kt) if to_held else (kt, dt.gguf_id)
+    check(lib.uk_relayout(frm, to, ptr(src), ptr(dst), n, k), f"held form {form} of [{n}, {k}] {dt.value}")
 
 
 def write_held(src: np.ndarray, dst: np.ndarray, dtype: DType | str, shape: tuple[int, int], form: str) -> None:
     """Write the rows of ``src`` (a [n, k] weight of ``dtype`` in its file layout) into ``dst`` in ``form``:
     another buffer of the same size, or ``src`` itself (rewritten in place, a 320-byte group at a time: a pinned
     tensor needs no second copy); any other overlap is refused."""
-    dt = DType.parse(dtype)
-    kt = held_kernel_type(dt, form)
-    n, k = _rows(form, dt, shape, src, dst)
-    assert dt.gguf_id is not None
-    check(lib.uk_relayout(dt.gguf_id, kt, ptr(src), ptr(dst), n, k), f"held form {form} of [{n}, {k}] {dt.value}")
+    _relayout(src, dst, dtype, shape, form, True)
 
 
 def from_held(data: np.ndarray, dtype: DType | str, shape: tuple[int, int], form: str) -> np.ndarray:
     """The file layout of a weight held in ``form`` (a new uint8 array)."""
-    dt = DType.parse(dtype)
-    kt = held_kernel_type(dt, form)
     out = np.empty(data.nbytes, np.uint8)
-    n, k = _rows(form, dt, shape, data, out)
-    assert dt.gguf_id is not None
-    check(lib.uk_relayout(kt, dt.gguf_id, ptr(data), ptr(out), n, k), f"held form {form} of [{n}, {k}] {dt.value}")
+    _relayout(data, out, dtype, shape, form, False)
     return out
 
 
