@@ -81,6 +81,75 @@ UK_DEV void uk_scale_min_k4(int j, const uk_u8 *q, int *d, int *m) {
     }
 }
 
+/* --- block types: each unit as int8 q, a scale per 16-value half and a term ------------------------------------
+   The one decoder of every block type: value j of unit u is sc[j / 16] * q[j], then + mn (UK_MIN_ADD), - mn
+   (UK_MIN_SUB: the k-quants' d1 * q - m1) or nothing (UK_MIN_NONE), the operations of the C reference in its order
+   (Q6_K's d * sc * q is (d * sc) * q). uk_unit decodes floats from it; the int8 GEMM (mmq.cu) reads it as it is
+   (uk_row_unit_int). Types with one scale per unit repeat it in sc[1]. */
+#define UK_MIN_NONE 0
+#define UK_MIN_ADD 1
+#define UK_MIN_SUB 2
+UK_DEV int uk_unit_int(int t, const uk_u8 *p, int u, uk_i8 *q, float *sc, float *mn) {
+    int j;
+    switch (t) {
+    case UK_Q4_0: case UK_Q4_1: {
+        const int off = t == UK_Q4_0 ? 8 : 0, at = t == UK_Q4_0 ? 2 : 4;
+        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
+        *mn = t == UK_Q4_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
+        for (j = 0; j < 16; j++) {
+            q[j] = (uk_i8)((p[at + j] & 0x0f) - off);
+            q[j + 16] = (uk_i8)((p[at + j] >> 4) - off);
+        }
+        return t == UK_Q4_1 ? UK_MIN_ADD : UK_MIN_NONE;
+    }
+    case UK_Q5_0: case UK_Q5_1: {
+        const int off = t == UK_Q5_0 ? 16 : 0, at = t == UK_Q5_0 ? 6 : 8;
+        const uk_u32 qh = uk_ld32(p + at - 4);
+        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
+        *mn = t == UK_Q5_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
+        for (j = 0; j < 16; j++) {
+            q[j] = (uk_i8)((int)((p[at + j] & 0x0f) | (((qh >> j) & 1u) << 4)) - off);
+            q[j + 16] = (uk_i8)((int)((p[at + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - off);
+        }
+        return t == UK_Q5_1 ? UK_MIN_ADD : UK_MIN_NONE;
+    }
+    case UK_Q8_0:
+        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
+        *mn = 0.0f;
+        for (j = 0; j < 32; j++) q[j] = (uk_i8)p[2 + j];
+        return UK_MIN_NONE;
+    case UK_Q4_K: case UK_Q5_K: {
+        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
+        int s6, m6;
+        uk_scale_min_k4(u, p + 4, &s6, &m6);
+        sc[0] = sc[1] = d * (float)s6;
+        *mn = dmin * (float)m6;
+        if (t == UK_Q4_K) {
+            const uk_u8 *qs = p + 16 + 32 * (u / 2);
+            for (j = 0; j < 32; j++) q[j] = (uk_i8)(u % 2 == 0 ? (qs[j] & 0x0f) : (qs[j] >> 4));
+        } else {
+            const uk_u8 *qh = p + 16, *ql = p + 48 + 32 * (u / 2);
+            for (j = 0; j < 32; j++)
+                q[j] = (uk_i8)((u % 2 == 0 ? (ql[j] & 0x0f) : (ql[j] >> 4)) | (((qh[j] >> u) & 1) << 4));
+        }
+        return UK_MIN_SUB;
+    }
+    default: {                                                 /* UK_Q6_K */
+        const float d = uk_h2f(uk_ld16(p + 208));
+        const int half = u / 4, k = u % 4;
+        const uk_u8 *ql = p + 64 * half + (k & 1) * 32, *qh = p + 128 + 32 * half;
+        const uk_i8 *s8 = (const uk_i8 *)(p + 192) + 8 * half + 2 * k;
+        const int shift = 2 * k, hi = k >> 1;
+        sc[0] = d * (float)s8[0];
+        sc[1] = d * (float)s8[1];
+        *mn = 0.0f;
+        for (j = 0; j < 32; j++)
+            q[j] = (uk_i8)(((hi ? (ql[j] >> 4) : (ql[j] & 0x0f)) | (((qh[j] >> shift) & 3) << 4)) - 32);
+        return UK_MIN_NONE;
+    }
+    }
+}
+
 /* values 32 u .. 32 u + 31 of the block at p (u < uk_block_units(t)) into y */
 UK_DEV void uk_unit(int t, const uk_u8 *p, int u, float *y) {
     int j;
@@ -94,76 +163,13 @@ UK_DEV void uk_unit(int t, const uk_u8 *p, int u, float *y) {
     case UK_BF16:
         for (j = 0; j < 32; j++) y[j] = uk_bf2f(uk_ld16(p + 2 * j));
         break;
-    case UK_Q4_0: {
-        const float d = uk_h2f(uk_ld16(p));
-        for (j = 0; j < 16; j++) {
-            y[j] = d * (float)((p[2 + j] & 0x0f) - 8);
-            y[j + 16] = d * (float)((p[2 + j] >> 4) - 8);
-        }
-        break;
-    }
-    case UK_Q4_1: {
-        const float d = uk_h2f(uk_ld16(p)), m = uk_h2f(uk_ld16(p + 2));
-        for (j = 0; j < 16; j++) {
-            y[j] = d * (float)(p[4 + j] & 0x0f) + m;
-            y[j + 16] = d * (float)(p[4 + j] >> 4) + m;
-        }
-        break;
-    }
-    case UK_Q5_0: {
-        const float d = uk_h2f(uk_ld16(p));
-        const uk_u32 qh = uk_ld32(p + 2);
-        for (j = 0; j < 16; j++) {
-            y[j] = d * (float)((int)((p[6 + j] & 0x0f) | (((qh >> j) & 1u) << 4)) - 16);
-            y[j + 16] = d * (float)((int)((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16);
-        }
-        break;
-    }
-    case UK_Q5_1: {
-        const float d = uk_h2f(uk_ld16(p)), m = uk_h2f(uk_ld16(p + 2));
-        const uk_u32 qh = uk_ld32(p + 4);
-        for (j = 0; j < 16; j++) {
-            y[j] = d * (float)((p[8 + j] & 0x0f) | (((qh >> j) & 1u) << 4)) + m;
-            y[j + 16] = d * (float)((p[8 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) + m;
-        }
-        break;
-    }
-    case UK_Q8_0: {
-        const float d = uk_h2f(uk_ld16(p));
-        for (j = 0; j < 32; j++) y[j] = (float)(uk_i8)p[2 + j] * d;
-        break;
-    }
-    case UK_Q4_K: {
-        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
-        const uk_u8 *q = p + 16 + 32 * (u / 2);
-        int sc, m;
-        uk_scale_min_k4(u, p + 4, &sc, &m);
-        const float d1 = d * (float)sc, m1 = dmin * (float)m;
-        if (u % 2 == 0) for (j = 0; j < 32; j++) y[j] = d1 * (float)(q[j] & 0x0f) - m1;
-        else for (j = 0; j < 32; j++) y[j] = d1 * (float)(q[j] >> 4) - m1;
-        break;
-    }
-    case UK_Q5_K: {
-        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
-        const uk_u8 *qh = p + 16, *ql = p + 48 + 32 * (u / 2);
-        int sc, m;
-        uk_scale_min_k4(u, p + 4, &sc, &m);
-        const float d1 = d * (float)sc, m1 = dmin * (float)m;
-        if (u % 2 == 0)
-            for (j = 0; j < 32; j++) y[j] = d1 * (float)((ql[j] & 0x0f) | (((qh[j] >> u) & 1) << 4)) - m1;
-        else
-            for (j = 0; j < 32; j++) y[j] = d1 * (float)((ql[j] >> 4) | (((qh[j] >> u) & 1) << 4)) - m1;
-        break;
-    }
-    default: {                                                 /* UK_Q6_K: ql[128], qh[64], scales[16], d */
-        const float d = uk_h2f(uk_ld16(p + 208));
-        const int half = u / 4, k = u % 4;
-        const uk_u8 *ql = p + 64 * half + (k & 1) * 32, *qh = p + 128 + 32 * half;
-        const uk_i8 *sc = (const uk_i8 *)(p + 192) + 8 * half + 2 * k;
-        const int shift = 2 * k, hi = k >> 1;
+    default: {
+        uk_i8 q[32];
+        float sc[2], mn;
+        const int how = uk_unit_int(t, p, u, q, sc, &mn);
         for (j = 0; j < 32; j++) {
-            const int q = ((hi ? (ql[j] >> 4) : (ql[j] & 0x0f)) | (((qh[j] >> shift) & 3) << 4)) - 32;
-            y[j] = d * (float)sc[j / 16] * (float)q;
+            const float v = sc[j / 16] * (float)q[j];
+            y[j] = how == UK_MIN_ADD ? v + mn : how == UK_MIN_SUB ? v - mn : v;
         }
         break;
     }
@@ -176,74 +182,12 @@ UK_DEV void uk_row_unit(int t, const uk_u8 *row, long long unit, float *y) {
     uk_unit(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), y);
 }
 
-/* --- the integer form of a unit, for the int8 GEMM (mmq.cu) ----------------------------------------------------
-   Value j of unit u is sc[j / 16] * q[j] + mn with q an int8: the operations of uk_unit where it has them (Q4_K's
-   d1 * q - m1 is d1 * q + (-m1); Q6_K's d * sc * q is (d * sc) * q), so that the integer form decodes to uk_unit's
-   values (a zero may change sign). Types with one scale per unit repeat it in sc[1]. Block types only. */
-UK_DEV void uk_unit_int(int t, const uk_u8 *p, int u, uk_i8 *q, float *sc, float *mn) {
-    int j;
-    switch (t) {
-    case UK_Q4_0: case UK_Q4_1: {
-        const int off = t == UK_Q4_0 ? 8 : 0, at = t == UK_Q4_0 ? 2 : 4;
-        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
-        *mn = t == UK_Q4_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
-        for (j = 0; j < 16; j++) {
-            q[j] = (uk_i8)((p[at + j] & 0x0f) - off);
-            q[j + 16] = (uk_i8)((p[at + j] >> 4) - off);
-        }
-        break;
-    }
-    case UK_Q5_0: case UK_Q5_1: {
-        const int off = t == UK_Q5_0 ? 16 : 0, at = t == UK_Q5_0 ? 6 : 8;
-        const uk_u32 qh = uk_ld32(p + at - 4);
-        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
-        *mn = t == UK_Q5_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
-        for (j = 0; j < 16; j++) {
-            q[j] = (uk_i8)((int)((p[at + j] & 0x0f) | (((qh >> j) & 1u) << 4)) - off);
-            q[j + 16] = (uk_i8)((int)((p[at + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - off);
-        }
-        break;
-    }
-    case UK_Q8_0:
-        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
-        *mn = 0.0f;
-        for (j = 0; j < 32; j++) q[j] = (uk_i8)p[2 + j];
-        break;
-    case UK_Q4_K: case UK_Q5_K: {
-        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
-        int s6, m6;
-        uk_scale_min_k4(u, p + 4, &s6, &m6);
-        sc[0] = sc[1] = d * (float)s6;
-        *mn = -(dmin * (float)m6);
-        if (t == UK_Q4_K) {
-            const uk_u8 *qs = p + 16 + 32 * (u / 2);
-            for (j = 0; j < 32; j++) q[j] = (uk_i8)(u % 2 == 0 ? (qs[j] & 0x0f) : (qs[j] >> 4));
-        } else {
-            const uk_u8 *qh = p + 16, *ql = p + 48 + 32 * (u / 2);
-            for (j = 0; j < 32; j++)
-                q[j] = (uk_i8)((u % 2 == 0 ? (ql[j] & 0x0f) : (ql[j] >> 4)) | (((qh[j] >> u) & 1) << 4));
-        }
-        break;
-    }
-    default: {                                                 /* UK_Q6_K */
-        const float d = uk_h2f(uk_ld16(p + 208));
-        const int half = u / 4, k = u % 4;
-        const uk_u8 *ql = p + 64 * half + (k & 1) * 32, *qh = p + 128 + 32 * half;
-        const uk_i8 *s8 = (const uk_i8 *)(p + 192) + 8 * half + 2 * k;
-        const int shift = 2 * k, hi = k >> 1;
-        sc[0] = d * (float)s8[0];
-        sc[1] = d * (float)s8[1];
-        *mn = 0.0f;
-        for (j = 0; j < 32; j++)
-            q[j] = (uk_i8)(((hi ? (ql[j] >> 4) : (ql[j] & 0x0f)) | (((qh[j] >> shift) & 3) << 4)) - 32);
-        break;
-    }
-    }
-}
-
+/* unit `unit` of a weight row as the int8 GEMM reads it: value j is sc[j / 16] * q[j] + mn (uk_unit's values, a
+   zero's sign aside) */
 UK_DEV void uk_row_unit_int(int t, const uk_u8 *row, long long unit, uk_i8 *q, float *sc, float *mn) {
     const int per = uk_block_units(t);
-    uk_unit_int(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), q, sc, mn);
+    const int how = uk_unit_int(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), q, sc, mn);
+    if (how == UK_MIN_SUB) *mn = -*mn;
 }
 
 /* 32 activations as the CPU's integer path quantizes them (uk_q8a_ref): q = round-half-even(x * 127 / amax),
