@@ -25,6 +25,7 @@ class PinnedSet:
         self._held: dict[str, int] = {}
         self._forms: dict[str, str] = {}  # ref -> the held form its bytes are in (absent: the file's layout)
         self._served: set[str] = set()  # refs handed out in the file's layout (no longer rewritable)
+        self._spans: dict[str, tuple[int, int]] = {}  # ref -> its bytes' first and past-last address (reform)
         self._lock = threading.Lock()
         self.nbytes = 0
 
@@ -64,7 +65,8 @@ class PinnedSet:
             held = self._forms.get(ref)
             if held is not None:
                 return held == form
-            if any(_overlap(arr, other) for r, other in self._arrays.items() if r != ref):
+            start, end = self._spans[ref]
+            if any(s < end and start < e for r, (s, e) in self._spans.items() if r != ref):
                 return False
             buf = arr.view()
             buf.flags.writeable = True  # the store's own buffer: read-only only to its consumers
@@ -87,6 +89,7 @@ class PinnedSet:
             if ref in self._arrays:
                 return
             self._arrays[ref] = array
+            self._spans[ref] = _span(array)
             self._held[ref] = held
             self.nbytes += held
 
@@ -100,6 +103,7 @@ class PinnedSet:
     def _drop(self, ref: str) -> None:
         """Forget a pinned ``ref`` (the caller holds the lock)."""
         del self._arrays[ref]
+        del self._spans[ref]
         self._forms.pop(ref, None)
         self._served.discard(ref)
         self.nbytes -= self._held.pop(ref)
@@ -110,6 +114,7 @@ class PinnedSet:
             self._held.clear()
             self._forms.clear()
             self._served.clear()
+            self._spans.clear()
             self.nbytes = 0
 
     def __contains__(self, ref: object) -> bool:
@@ -126,7 +131,7 @@ def _layout(form: str | None) -> str:
     return f"the held form {form!r}" if form else "the file's layout"
 
 
-def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether the memory of two contiguous arrays intersects."""
-    sa, sb = a.__array_interface__["data"][0], b.__array_interface__["data"][0]
-    return sa < sb + b.nbytes and sb < sa + a.nbytes
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The first and past-last address of a contiguous array's bytes."""
+    start = a.__array_interface__["data"][0]
+    return start, start + a.nbytes
