@@ -117,7 +117,12 @@ HOST_WRAPPER = """
 #define UK_DEV static inline
 static inline float uk_bits_float(unsigned int b) { float f; memcpy(&f, &b, 4); return f; }
 #define UK_AS_FLOAT(b) uk_bits_float((unsigned int)(b))
+static inline unsigned int uk_float_bits(float f) { unsigned int b; memcpy(&b, &f, 4); return b; }
+#define UK_AS_BITS(f) uk_float_bits(f)
 #include "decode.cuh"
+void uk_f2h_all(const float *x, long long n, unsigned short *h) {
+    for (long long i = 0; i < n; i++) h[i] = uk_f2h(x[i]);
+}
 void uk_decode_units(int t, const unsigned char *row, long long units, float *y) {
     for (long long u = 0; u < units; u++) uk_row_unit(t, row, u, y + 32 * u);
 }
@@ -160,6 +165,7 @@ def host_decode(tmp_path_factory: pytest.TempPathFactory) -> Any:
         void uk_decode_units_int(int t, const unsigned char *row, long long units, signed char *q, float *sc,
                                  float *mn);
         void uk_quant_act_blocks(const float *x, long long blocks, signed char *q, float *d, float *s);
+        void uk_f2h_all(const float *x, long long n, unsigned short *h);
         void uk_mmq_host(int t, const unsigned char *w, long long row_bytes, int n, int k, const signed char *qa,
                          const float *da, const float *sa, int m, float *y);
     """)
@@ -204,6 +210,28 @@ def test_decoders_match_dequantize_bit_for_bit(dtype: DType, host_decode: Any, r
         bad = np.flatnonzero(_quieted(got) != _quieted(want))
         assert bad.size == 0, (f"{dtype.value}: value {bad[0]}: {got[bad[0]]!r} != {want[bad[0]]!r} (bits "
                                f"{got.view(np.uint32)[bad[0]]:#x}, {want.view(np.uint32)[bad[0]]:#x})")
+
+
+def test_f16_rounding_matches_numpy(host_decode: Any, rng: np.random.Generator) -> None:
+    """uk_f2h (the f16 KV cache's rows) rounds as numpy's astype(float16): every f16 value, the halfway points
+    between neighbours (ties to even), overflow, subnormals and random floats of every exponent."""
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    exact = h[np.isfinite(h)].astype(np.float32)
+    up = np.nextafter(h[np.isfinite(h)], np.float16(np.inf)).astype(np.float32)
+    mid = ((exact.astype(np.float64) + up.astype(np.float64)) / 2).astype(np.float32)
+    rand = (rng.standard_normal(100000) * np.exp2(rng.integers(-30, 20, 100000))).astype(np.float32)
+    x = np.concatenate([exact, mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf)), rand,
+                        np.float32([np.inf, -np.inf, 65504, 65519.99, 65520, 1e9, -1e-9, 2.0**-25, 2.0**-24])])
+    x = x[np.isfinite(x) | np.isinf(x)]
+    got = np.empty(x.size, np.uint16)
+    host_decode.lib.uk_f2h_all(_ptr(host_decode, "float", x), x.size, _ptr(host_decode, "unsigned short", got))
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{x[bad[0]]!r}: {got[bad[0]]:#x} != {want[bad[0]]:#x}"
+    nan = np.float32([np.nan])
+    host_decode.lib.uk_f2h_all(_ptr(host_decode, "float", nan), 1, _ptr(host_decode, "unsigned short", got))
+    assert np.isnan(got[:1].view(np.float16)[0])
 
 
 def _ptr(host: Any, ctype: str, a: np.ndarray) -> Any:
@@ -444,3 +472,58 @@ def test_decode_attention_on_the_device(f16: bool, device: Any, rng: np.random.G
     for i, (k, v) in enumerate(caches):
         want = K.attention(q[i:i + 1], k, v, scale=0.125, window=16, n_sink=2)[0]
         np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- launch signatures
+_C_KINDS = {"int": "i", "long long": "l", "float": "f"}
+
+
+def _kernel_params(module: str) -> dict[str, str]:
+    """Every ``extern "C" __global__`` kernel of ``module`` with its parameters' kinds, from the source as the host
+    compiler's preprocessor expands it (the kernel families are macros)."""
+    import re
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no host C compiler to preprocess the kernel sources")
+    defs = ["-D__global__=", "-D__device__=", "-D__forceinline__=", "-D__restrict__=", "-D__shared__=",
+            "-D__launch_bounds__(x)="]
+    text = subprocess.run([cc, "-E", "-P", "-x", "c++", *defs, "-I", str(KERNELS), str(KERNELS / f"{module}.cu")],
+                          check=True, capture_output=True, text=True).stdout
+    out = {}
+    for m in re.finditer(r'extern\s+"C"\s+void\s+(\w+)\s*\(([^)]*)\)', text):
+        kinds = ""
+        for p in m.group(2).split(","):
+            p = p.strip()
+            if "*" in p:
+                kinds += "p"
+                continue
+            base = " ".join(w for w in p.split()[:-1] if w != "const")
+            kinds += _C_KINDS[base]
+        out[m.group(1)] = kinds
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_the_launch_signatures_are_the_sources(module: str) -> None:
+    """sources.signature (what both devices check every launch's arguments against) is each kernel's parameter
+    list, and a launch with a wrong count or C type is refused before it reaches a device."""
+    from uaii.backends.cuda.sources import check_args, signature
+
+    params = _kernel_params(module)
+    assert sorted(params) == sorted(MODULES[module].kernels)
+    for kernel, kinds in params.items():
+        assert signature(kernel) == kinds, kernel
+    kernel = MODULES[module].kernels[0]
+    kinds = signature(kernel)
+    wrong = {"p": ctypes.c_int(0), "i": ctypes.c_longlong(0), "l": ctypes.c_int(0), "f": ctypes.c_double(0)}
+    good = {"p": ctypes.c_uint64(0), "i": ctypes.c_int(0), "l": ctypes.c_longlong(0), "f": ctypes.c_float(0)}
+    check_args(module, kernel, tuple(good[k] for k in kinds))
+    with pytest.raises(BackendError, match=f"{kernel}: argument 0 must be"):
+        check_args(module, kernel, (wrong[kinds[0]], *(good[k] for k in kinds[1:])))
+    with pytest.raises(BackendError, match="takes"):
+        check_args(module, kernel, tuple(good[k] for k in kinds[:-1]))
+    with pytest.raises(BackendError, match="has no kernel"):
+        check_args(module, "nope", ())

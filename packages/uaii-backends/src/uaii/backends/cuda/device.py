@@ -19,6 +19,7 @@ import numpy as np
 from uaii.backends.base import BackendError
 from uaii.backends.cuda.geometry import Launch
 from uaii.backends.cuda.nvrtc import ARCHS, EXTRA, compile_module
+from uaii.backends.cuda.sources import check_args
 
 
 def _driver() -> Any:
@@ -45,6 +46,11 @@ def _ok(cu: Any, result: Any, what: str) -> Any:
         _, name = cu.cuGetErrorName(err)
         raise BackendError(f"[cuda] {what} failed: {name.decode() if isinstance(name, bytes) else err}")
     return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def _on(stream: Any) -> Any:
+    """The stream handle a call takes: the legacy default stream (0) for None."""
+    return 0 if stream is None else stream
 
 
 def arch_for(major: int, minor: int) -> str:
@@ -78,6 +84,9 @@ class CudaDevice:
     _modules: dict[str, Any] = field(default_factory=dict)
     _functions: dict[tuple[str, str], Any] = field(default_factory=dict)
     _buffers: dict[int, DeviceBuffer] = field(default_factory=dict)
+    _pinned: dict[int, int] = field(default_factory=dict)
+    _streams: list[Any] = field(default_factory=list)
+    _events: list[Any] = field(default_factory=list)
 
     @classmethod
     def open(cls, index: int = 0) -> CudaDevice:
@@ -125,6 +134,22 @@ class CudaDevice:
             cu = _driver()
             _ok(cu, cu.cuMemFree(buf.ptr), "cuMemFree")
 
+    def alloc_host(self, nbytes: int) -> np.ndarray:
+        """Page-locked host memory (cuMemHostAlloc): what an asynchronous host -> device copy reads from while the
+        host goes on (pageable memory would make the driver copy it synchronously)."""
+        cu = _driver()
+        n = max(int(nbytes), 1)
+        ptr = int(_ok(cu, cu.cuMemHostAlloc(n, 0), f"cuMemHostAlloc({n})"))
+        array = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
+        self._pinned[id(array)] = ptr
+        return array
+
+    def free_host(self, array: np.ndarray) -> None:
+        ptr = self._pinned.pop(id(array), None)
+        if ptr is not None:
+            cu = _driver()
+            _ok(cu, cu.cuMemFreeHost(ptr), "cuMemFreeHost")
+
     def upload(self, array: np.ndarray) -> DeviceBuffer:
         a = np.ascontiguousarray(array)
         buf = self.alloc(a.nbytes)
@@ -132,25 +157,69 @@ class CudaDevice:
         _ok(cu, cu.cuMemcpyHtoD(buf.ptr, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
         return buf
 
-    def download(self, buf: DeviceBuffer, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    def download(self, buf: DeviceBuffer | int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         out = np.empty(shape, dtype)
-        if out.nbytes > buf.nbytes:
+        if isinstance(buf, DeviceBuffer) and out.nbytes > buf.nbytes:
             raise BackendError(f"[cuda] {out.nbytes} bytes asked of a {buf.nbytes}-byte buffer")
         cu = _driver()
-        _ok(cu, cu.cuMemcpyDtoH(out.ctypes.data, buf.ptr, out.nbytes), "cuMemcpyDtoH")
+        ptr = buf.ptr if isinstance(buf, DeviceBuffer) else int(buf)
+        _ok(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        _ok(cu, cu.cuMemcpyDtoH(out.ctypes.data, ptr, out.nbytes), "cuMemcpyDtoH")
         return out
 
-    def launch(self, module: str, kernel: str, at: Launch, *args: Any) -> None:
-        """Run ``kernel`` with ``args``: DeviceBuffer (a pointer) or a ctypes scalar (c_int, c_longlong, c_float),
-        in the kernel's parameter order; returns when the launch is queued (:meth:`synchronize` waits)."""
+    # --- streams and events (the executor's compute stream and its weight copy stream) ---------------------------
+    def stream(self) -> Any:
+        cu = _driver()
+        s = _ok(cu, cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self._streams.append(s)
+        return s
+
+    def event(self) -> Any:
+        cu = _driver()
+        e = _ok(cu, cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        self._events.append(e)
+        return e
+
+    def record(self, event: Any, stream: Any = None) -> None:
+        cu = _driver()
+        _ok(cu, cu.cuEventRecord(event, _on(stream)), "cuEventRecord")
+
+    def wait(self, stream: Any, event: Any) -> None:
+        cu = _driver()
+        _ok(cu, cu.cuStreamWaitEvent(_on(stream), event, 0), "cuStreamWaitEvent")
+
+    def sync_event(self, event: Any) -> None:
+        cu = _driver()
+        _ok(cu, cu.cuEventSynchronize(event), "cuEventSynchronize")
+
+    def sync_stream(self, stream: Any = None) -> None:
+        cu = _driver()
+        _ok(cu, cu.cuStreamSynchronize(_on(stream)), "cuStreamSynchronize")
+
+    def copy_htod(self, dst: int, src: np.ndarray, stream: Any = None) -> None:
+        """Queue a copy of ``src`` (page-locked: :meth:`alloc_host`; kept alive until the stream passes it)."""
+        cu = _driver()
+        _ok(cu, cu.cuMemcpyHtoDAsync(int(dst), src.ctypes.data, src.nbytes, _on(stream)), "cuMemcpyHtoDAsync")
+
+    def copy_dtoh(self, dst: np.ndarray, src: int, stream: Any = None) -> None:
+        cu = _driver()
+        _ok(cu, cu.cuMemcpyDtoHAsync(dst.ctypes.data, int(src), dst.nbytes, _on(stream)), "cuMemcpyDtoHAsync")
+
+    def copy_dtod(self, dst: int, src: int, nbytes: int, stream: Any = None) -> None:
+        cu = _driver()
+        _ok(cu, cu.cuMemcpyDtoDAsync(int(dst), int(src), int(nbytes), _on(stream)), "cuMemcpyDtoDAsync")
+
+    def launch(self, module: str, kernel: str, at: Launch, *args: Any, stream: Any = None) -> None:
+        """Queue ``kernel`` with ``args`` on ``stream`` (default: the null stream): DeviceBuffer or
+        ``ctypes.c_uint64`` for a pointer, ``c_int``/``c_longlong``/``c_float`` for the scalars, in the kernel's
+        parameter order — checked against :func:`uaii.backends.cuda.sources.signature` before the launch."""
+        check_args(module, kernel, args)
         cu = _driver()
         fn = self.function(module, kernel)
         held = [ctypes.c_uint64(a.ptr) if isinstance(a, DeviceBuffer) else a for a in args]
-        for a in held:
-            if not isinstance(a, ctypes._SimpleCData):
-                raise BackendError(f"[cuda] {kernel}: argument {a!r} is neither a DeviceBuffer nor a ctypes scalar")
         params = np.array([ctypes.addressof(a) for a in held] or [0], dtype=np.uint64)
-        _ok(cu, cu.cuLaunchKernel(fn, *at.grid, *at.block, at.shared, 0, params.ctypes.data, 0), f"launch {kernel}")
+        _ok(cu, cu.cuLaunchKernel(fn, *at.grid, *at.block, at.shared, _on(stream), params.ctypes.data, 0),
+            f"launch {kernel}")
 
     def synchronize(self) -> None:
         cu = _driver()
@@ -161,8 +230,18 @@ class CudaDevice:
         if self._ctx is None:
             return
         cu = _driver()
+        cu.cuCtxSynchronize()
         for buf in list(self._buffers.values()):
             self.free(buf)
+        for ptr in self._pinned.values():
+            cu.cuMemFreeHost(ptr)
+        self._pinned.clear()
+        for e in self._events:
+            cu.cuEventDestroy(e)
+        for st in self._streams:
+            cu.cuStreamDestroy(st)
+        self._events.clear()
+        self._streams.clear()
         for mod in self._modules.values():
             cu.cuModuleUnload(mod)
         self._modules.clear()
@@ -187,4 +266,13 @@ def device_count() -> int:
         return 0
 
 
-__all__ = ["CudaDevice", "DeviceBuffer", "arch_for", "device_count"]
+def first_device() -> CudaDevice | None:
+    """CUDA device 0, opened; None without cuda-bindings, a driver or a device (the tests skip "no CUDA device")."""
+    import importlib.util
+
+    if importlib.util.find_spec("cuda.bindings") is None or device_count() == 0:
+        return None
+    return CudaDevice.open(0)
+
+
+__all__ = ["CudaDevice", "DeviceBuffer", "arch_for", "device_count", "first_device"]

@@ -4,6 +4,8 @@ A decode step is a chain of GEMVs that each read their whole weight once, so a G
 tokens per second; :func:`copy_bandwidth` measures what the device moves on ``cuMemcpyDtoD`` in the same run (bytes
 read + written, as the WebGPU probe counts them), the ceiling a GEMV approaches (issue #18's goal: >= 0.7 of it for
 Q4 types). Both time ``reps`` launches between two CUDA events after a warm-up: device time, not host time.
+:func:`h2d_bandwidth` is the ceiling of weight streaming (page-locked host -> device), :func:`mmq_rate` the int8
+prefill GEMM's rate.
 """
 
 from __future__ import annotations
@@ -67,4 +69,40 @@ def gemv_bandwidth(dev: CudaDevice, dtype: DType, n: int, k: int, reps: int = 20
     return raw.nbytes / s / 1e9
 
 
-__all__ = ["copy_bandwidth", "gemv_bandwidth"]
+def h2d_bandwidth(dev: CudaDevice, nbytes: int, reps: int = 10) -> float:
+    """GB/s of a host -> device copy of ``nbytes`` from page-locked memory (what a streamed weight's piece moves
+    at, the ceiling of the executor's streaming: issue #18's goal >= 0.8 of it)."""
+    host = dev.alloc_host(nbytes)
+    dst = dev.alloc(nbytes)
+    try:
+        s = _timed(dev, lambda: dev.copy_htod(dst.ptr, host), reps)
+    finally:
+        dev.free(dst)
+        dev.free_host(host)
+    return nbytes / s / 1e9
+
+
+def mmq_rate(dev: CudaDevice, dtype: DType, n: int, k: int, m: int, reps: int = 10) -> float:
+    """Tera-operations per second (2 n k m) of the int8 prefill GEMM of ``dtype`` on an [n, k] weight and ``m``
+    activation rows, the activation quantizer included."""
+    raw = weight_bytes(dtype, n, k)
+    x = np.random.default_rng(2).standard_normal((m, k)).astype(np.float32)
+    w, xb, y = dev.upload(raw), dev.upload(x), dev.alloc(4 * m * n)
+    q, d, sc = dev.alloc(m * k), dev.alloc(4 * m * (k // 32)), dev.alloc(4 * m * (k // 32))
+    c = ctypes
+    suffix = TYPES[dtype][1]
+
+    def run() -> None:
+        dev.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), xb, c.c_longlong(k), c.c_int(m),
+                   c.c_int(k), q, d, sc)
+        dev.launch("mmq", f"mmq_{suffix}", geometry.mmq(n, m), w, c.c_longlong(dtype.nbytes(k)), c.c_int(n),
+                   c.c_int(k), q, d, sc, c.c_int(m), y, c.c_longlong(n))
+    try:
+        s = _timed(dev, run, reps)
+    finally:
+        for b in (w, xb, y, q, d, sc):
+            dev.free(b)
+    return 2 * n * k * m / s / 1e12
+
+
+__all__ = ["copy_bandwidth", "gemv_bandwidth", "h2d_bandwidth", "mmq_rate"]

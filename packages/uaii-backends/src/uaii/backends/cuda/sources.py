@@ -58,10 +58,53 @@ MODULES: dict[str, Module] = {
     # bit for bit as uaii.kernels.dequantize: no contraction of d * q + m into one fma
     "dequant": Module("dequant", ("--fmad=false",),
                       tuple(f"{kind}_{t[1]}" for t in TYPES.values() for kind in ("dequant", "rows"))),
-    "ops": Module("ops", (), ("rms_norm", "add_rms_norm", "swiglu", "add", "rope")),
-    "attention": Module("attention", (), ("attn_scores", "attn_softmax", "attn_wsum")),
+    "ops": Module("ops", (), ("rms_norm", "add_rms_norm", "swiglu", "geglu", "add", "mul_bcast", "rope")),
+    "attention": Module("attention", (), ("attn_scores", "attn_softmax", "attn_wsum", "kv_store")),
     "mmq": Module("mmq", (), ("quant_act", *(f"mmq_{TYPES[t][1]}" for t in MMQ_TYPES))),
 }
+
+
+_FAMILIES = {
+    # kernel (or prefix + "_"): its parameters' C kinds — p a pointer, i int, l long long, f float
+    "gemv_": "pliiplpl", "dequant_": "plp", "rows_": "pllpip", "mmq_": "pliipppipl", "quant_act": "pliippp",
+    "rms_norm": "pppifi", "add_rms_norm": "pppppifi", "swiglu": "pplilp", "geglu": "pplilpi", "add": "pppl",
+    "mul_bcast": "ppllp", "rope": "pppiiiii", "attn_scores": "ppppppiiiffiipl", "attn_softmax": "pppil",
+    "attn_wsum": "ppppiiilp", "kv_store": "pliipli",
+}
+KINDS = {"p": "a pointer", "i": "int", "l": "long long", "f": "float"}
+
+
+def signature(kernel: str) -> str:
+    """The C kinds of ``kernel``'s parameters (p pointer, i int, l long long, f float), as :data:`KINDS` names
+    them. Checked against the sources by the tests (the host compiler's preprocessor expands the macros that
+    define the kernel families), and by both devices on every launch: a c_int where the kernel reads a long long
+    would read garbage on a GPU, never fail."""
+    if kernel in _FAMILIES:
+        return _FAMILIES[kernel]
+    for prefix, kinds in _FAMILIES.items():
+        if prefix.endswith("_") and kernel.startswith(prefix):
+            return kinds
+    raise KeyError(kernel)
+
+
+def check_args(module: str, kernel: str, args: tuple[object, ...]) -> None:
+    """BackendError unless ``kernel`` is one ``module`` defines and ``args`` match its parameters: a pointer is a
+    DeviceBuffer or ``ctypes.c_uint64``, the scalars ``c_int``, ``c_longlong``, ``c_float``."""
+    import ctypes
+
+    from uaii.backends.base import BackendError
+
+    if module not in MODULES or kernel not in MODULES[module].kernels:
+        raise BackendError(f"[cuda] module {module!r} has no kernel {kernel!r}")
+    kinds = signature(kernel)
+    if len(args) != len(kinds):
+        raise BackendError(f"[cuda] {kernel} takes {len(kinds)} arguments, given {len(args)}")
+    want = {"i": ctypes.c_int, "l": ctypes.c_longlong, "f": ctypes.c_float, "p": ctypes.c_uint64}
+    for i, (a, k) in enumerate(zip(args, kinds, strict=True)):
+        ok = (hasattr(a, "ptr") and hasattr(a, "nbytes")) if k == "p" else False
+        ok = ok or type(a) is want[k]
+        if not ok:
+            raise BackendError(f"[cuda] {kernel}: argument {i} must be {KINDS[k]}, given {a!r}")
 
 
 @cache
@@ -84,4 +127,5 @@ def digest(module: Module) -> str:
     return h.hexdigest()
 
 
-__all__ = ["GEMV_ROWS", "HEADERS", "MMQ_TYPES", "MODULES", "TYPES", "Module", "digest", "headers", "source"]
+__all__ = ["GEMV_ROWS", "HEADERS", "KINDS", "MMQ_TYPES", "MODULES", "TYPES", "Module", "check_args", "digest",
+           "headers", "signature", "source"]

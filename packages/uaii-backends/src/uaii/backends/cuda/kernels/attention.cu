@@ -5,7 +5,10 @@
  *   attn_scores  grid (ceil(s / 128), hq, rows): one thread per key: scale * q . k, capped, or -inf when hidden;
  *   attn_softmax grid (hq, rows), 256 threads: max, exp, sum (with the head's sink logit), normalized in place;
  *   attn_wsum    grid (ceil(dv / 128), hq, rows): one thread per output value: sum over keys of p * v.
- * Scores live in a scratch [rows, hq, s_max]. Per-row arguments are device arrays (pointers, lengths, positions). */
+ * Scores live in a scratch [rows, hq, s_max]. Per-row arguments are device arrays (pointers, lengths, positions):
+ * a prefill of n tokens of one sequence is n rows over the same cache, each masked by its own query position.
+ * kv_store writes new keys or values into a cache's slots, f32 or f16 (rounded to nearest even, as numpy's
+ * astype(float16) and the CPU's f16 cache do). */
 #include "decode.cuh"
 
 #define UK_ATTN_BLOCK 256
@@ -95,4 +98,16 @@ extern "C" __global__ void attn_wsum(const float *scores, const void *const *v_c
         if (w != 0.0f) acc += w * kv_at(v_cache[row], f16, (t * hkv + kh) * dv + e);
     }
     out[((long long)row * hq + h) * dv + e] = acc;
+}
+
+/* cache rows slot0 .. slot0 + rows of width values (a [slots, hkv, d] cache: width = hkv * d) = x's rows (ldx apart);
+   one thread per value */
+extern "C" __global__ void kv_store(const float *x, long long ldx, int rows, int width, void *cache, long long slot0,
+                                    int f16) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * width) return;
+    const long long r = i / width, c = i % width, at = (slot0 + r) * width + c;
+    const float v = x[r * ldx + c];
+    if (f16) ((unsigned short *)cache)[at] = uk_f2h(v);
+    else ((float *)cache)[at] = v;
 }

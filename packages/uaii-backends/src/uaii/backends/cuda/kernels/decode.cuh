@@ -15,6 +15,9 @@
 #ifndef UK_AS_FLOAT
 #define UK_AS_FLOAT(bits) __int_as_float((int)(bits))
 #endif
+#ifndef UK_AS_BITS
+#define UK_AS_BITS(f) ((uk_u32)__float_as_int(f))
+#endif
 
 typedef unsigned char uk_u8;
 typedef signed char uk_i8;
@@ -48,6 +51,26 @@ UK_DEV float uk_h2f(uk_u32 h) {
     }
     if (e == 31u) return UK_AS_FLOAT(s | 0x7f800000u | (m << 13));
     return UK_AS_FLOAT(s | ((e + 112u) << 23) | (m << 13));
+}
+
+/* float -> IEEE half bits, rounded to nearest even (numpy's astype(float16)): overflow to inf, subnormals kept,
+   NaN stays NaN (quiet); the KV cache's f16 rows (attention.cu: kv_store) */
+UK_DEV unsigned short uk_f2h(float f) {
+    const uk_u32 x = UK_AS_BITS(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (unsigned short)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);   /* rounds past 65504 */
+    if (a < 0x38800000u) {                                           /* an f16 subnormal (or zero) */
+        if (a < 0x33000000u) return (unsigned short)sign;            /* below half the smallest subnormal */
+        const uk_u32 e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+        uk_u32 h = m >> shift;
+        const uk_u32 rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (h & 1u))) h++;
+        return (unsigned short)(sign | h);
+    }
+    uk_u32 h = ((a >> 13) - (112u << 10));                      /* rebias 127 -> 15 */
+    const uk_u32 rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (unsigned short)(sign | h);
 }
 
 UK_DEV float uk_bf2f(uk_u32 h) { return UK_AS_FLOAT(h << 16); }

@@ -1,5 +1,5 @@
-/* ops.cu — the row operators of a decoder step: RMSNorm (and the residual add fused before it), SwiGLU, RoPE and
- * elementwise add, f32. Reductions are block-wide trees (their order differs from the CPU's: results agree to
+/* ops.cu — the row operators of a decoder step: RMSNorm (and the residual add fused before it), SwiGLU, GeGLU, RoPE,
+ * elementwise add and a product by a broadcast row (an embedding scale), f32. Reductions are block-wide trees (their order differs from the CPU's: results agree to
  * rounding, as any two backends do); the transcendental functions are the accurate ones (expf, sincosf), not the
  * __-prefixed approximations. */
 #include "decode.cuh"
@@ -42,8 +42,8 @@ __device__ __forceinline__ void rms_row(const float *a, const float *res, float 
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss, shared) / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += UK_BLOCK) {
-        const float v = res ? a[i] + res[i] : a[i];
+    for (int i = threadIdx.x; i < n; i += UK_BLOCK) {   /* the sum as written: right when sum aliases a or res */
+        const float v = sum ? sum[i] : res ? a[i] + res[i] : a[i];
         y[i] = v * inv * (unit_offset ? 1.0f + w[i] : w[i]);
     }
 }
@@ -66,6 +66,24 @@ extern "C" __global__ void swiglu(const float *g, const float *u, long long ld, 
     y[i] = a / (1.0f + expf(-a)) * u[r * ld + c];
 }
 
+/* y = gelu(g) * u over count values, strided as swiglu's; gelu exact (erff) or its tanh approximation */
+extern "C" __global__ void geglu(const float *g, const float *u, long long ld, int ff, long long count, float *y,
+                                 int tanh_approx) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const long long r = i / ff, c = i % ff;
+    const float a = g[r * ld + c];
+    const float act = tanh_approx ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
+                                  : 0.5f * a * (1.0f + erff(a * 0.7071067811865476f));
+    y[i] = act * u[r * ld + c];
+}
+
+/* y[i] = a[i] * b[i % nb]: a row (or one value, nb = 1) broadcast over the leading dims */
+extern "C" __global__ void mul_bcast(const float *a, const float *b, long long nb, long long count, float *y) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) y[i] = a[i] * b[i % nb];
+}
+
 extern "C" __global__ void add(const float *a, const float *b, float *y, long long count) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) y[i] = a[i] + b[i];
@@ -81,8 +99,9 @@ extern "C" __global__ void rope(float *x, const int *pos, const float *inv_freq,
     const int i = (int)(t % half);
     const long long head = t / half;
     const int row = (int)(head / heads);
-    float s, c;
-    sincosf((float)pos[row] * inv_freq[i], &s, &c);
+    double sd, cd;  /* the CPU's angle: (double)pos * (double)inv_freq, its sine and cosine rounded to float */
+    sincos((double)pos[row] * (double)inv_freq[i], &sd, &cd);
+    const float s = (float)sd, c = (float)cd;
     float *h = x + head * d;
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];

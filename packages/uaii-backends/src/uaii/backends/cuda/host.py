@@ -1,0 +1,266 @@
+"""A host model of a CUDA device: :class:`HostDevice` has :class:`~uaii.backends.cuda.device.CudaDevice`'s
+interface, keeps device memory in host arrays and runs each launch through the kernel's CPU reference
+(:mod:`uaii.backends.cuda.reference`).
+
+Why it exists: everything the executor decides — which kernel, which pointers and sizes in which order, where the
+arena's regions lie, which staging buffer a streamed weight goes through and which event guards it — is host code
+that a wrong number turns into wrong tokens. Run on this model, a whole model's steps can be compared with the CPU
+backend on any machine (CI has no GPU); on a device the kernels themselves are compared with the same references
+(tests/backends/test_cuda_kernels.py). It is a test instrument, never a device a user can choose.
+
+What it checks that a GPU would not tell you: every pointer a launch or copy touches lies inside one live
+allocation (a stray offset is a BackendError naming the kernel, not silent corruption); every argument has the
+C type of the kernel's parameter (:data:`uaii.backends.cuda.sources.SIGNATURES`); and streams are *asynchronous*:
+work queued on a stream runs only when the host waits (an event, a stream, the device, a download), and then in an
+adversarial order: the first stream in priority that can move runs as far as its waits allow before any other
+moves — with ``order="ahead"`` the most recently created stream first (an executor's copy stream, made after its
+compute stream, runs ahead of the kernels), with ``order="behind"`` the earliest (the copies lag).
+A missing event wait — a staging slot overwritten before the kernel that reads it ran (ahead), a kernel reading a
+slot before its copy arrived or a page-locked buffer refilled before its copy left (behind) — therefore shows as
+wrong results here.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from uaii.backends.base import BackendError
+from uaii.backends.cuda.device import DeviceBuffer
+from uaii.backends.cuda.geometry import Launch
+from uaii.backends.cuda.sources import check_args
+
+BASE = 1 << 32
+ALIGN = 256  # cuMemAlloc's alignment (at least 256 bytes)
+
+
+class HostMemory:
+    """A flat address space of allocations (each a host byte array) that pointers index into."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._blocks: dict[int, np.ndarray] = {}
+        self._next = BASE
+
+    def alloc(self, nbytes: int) -> int:
+        n = max(int(nbytes), 1)
+        ptr = self._next
+        self._next += -(-n // ALIGN) * ALIGN + ALIGN  # a gap after each block: an overrun never lands in the next
+        bisect.insort(self._starts, ptr)
+        self._blocks[ptr] = np.zeros(n, np.uint8)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        if ptr not in self._blocks:
+            raise BackendError(f"[cuda-host] free of {ptr:#x}, which is not an allocation")
+        del self._blocks[ptr]
+        self._starts.remove(ptr)
+
+    def bytes(self, ptr: int, nbytes: int, what: str = "access") -> np.ndarray:
+        """A writable uint8 view of ``[ptr, ptr + nbytes)``, which must lie inside one live allocation."""
+        i = bisect.bisect_right(self._starts, int(ptr)) - 1
+        if i >= 0:
+            start = self._starts[i]
+            block = self._blocks[start]
+            off = int(ptr) - start
+            if off >= 0 and off + int(nbytes) <= block.size:
+                return block[off:off + int(nbytes)]
+        raise BackendError(f"[cuda-host] {what}: {nbytes} bytes at {int(ptr):#x} are not inside one allocation")
+
+    def array(self, ptr: int, dtype: Any, count: int, what: str = "access") -> np.ndarray:
+        """A writable view of ``count`` values of ``dtype`` at ``ptr``."""
+        dt = np.dtype(dtype)
+        if int(ptr) % dt.itemsize:
+            raise BackendError(f"[cuda-host] {what}: {dt} at {int(ptr):#x} is misaligned")
+        return self.bytes(ptr, int(count) * dt.itemsize, what).view(dt)
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(b.size for b in self._blocks.values())
+
+
+@dataclass
+class HostStream:
+    """Queued work of one stream: callables, event records and event waits, run in order."""
+
+    index: int
+    queue: deque[tuple[str, Any]] = field(default_factory=deque)
+
+
+@dataclass
+class HostEvent:
+    """An event: ``queued`` records so far, ``reached`` of them run; a wait holds until the record it was queued
+    behind has run."""
+
+    queued: int = 0
+    reached: int = 0
+
+
+class HostDevice:
+    """CudaDevice's interface on host memory (see the module doc). Stream 0 is the default (null) stream; streams
+    made by :meth:`stream` are numbered from 1 in the order they were made."""
+
+    name = "host model of a CUDA device"
+    capability = (9, 0)
+    arch = "sm_90"
+
+    def __init__(self, total_bytes: int = 8 << 30, order: str = "ahead") -> None:
+        if order not in ("ahead", "behind"):
+            raise BackendError(f"[cuda-host] order must be 'ahead' or 'behind', found {order!r}")
+        self.order = order
+        self.mem = HostMemory()
+        self.total_bytes = int(total_bytes)
+        self._streams: list[HostStream] = [HostStream(0)]
+        self._buffers: dict[int, DeviceBuffer] = {}
+        self.launches: list[str] = []  # kernel names in the order they ran (tests read it)
+        self.closed = False
+
+    # --- memory ------------------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        if self.mem.live_bytes + int(nbytes) > self.total_bytes:
+            raise BackendError(f"[cuda-host] cuMemAlloc({nbytes}) failed: CUDA_ERROR_OUT_OF_MEMORY "
+                               f"({self.mem.live_bytes} of {self.total_bytes} bytes in use)")
+        buf = DeviceBuffer(self.mem.alloc(nbytes), int(nbytes))
+        self._buffers[buf.ptr] = buf
+        return buf
+
+    def free(self, buf: DeviceBuffer) -> None:
+        if self._buffers.pop(buf.ptr, None) is not None:
+            self.synchronize()
+            self.mem.free(buf.ptr)
+
+    def alloc_host(self, nbytes: int) -> np.ndarray:
+        """Page-locked host memory in the real device; plain host memory here."""
+        return np.zeros(max(int(nbytes), 1), np.uint8)
+
+    def free_host(self, array: np.ndarray) -> None:
+        self.synchronize()
+
+    def upload(self, array: np.ndarray) -> DeviceBuffer:
+        a = np.ascontiguousarray(array)
+        buf = self.alloc(a.nbytes)
+        self.synchronize()
+        self.mem.bytes(buf.ptr, a.nbytes, "upload")[:] = a.reshape(-1).view(np.uint8)
+        return buf
+
+    def download(self, buf: DeviceBuffer | int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        self.synchronize()
+        out = np.empty(shape, dtype)
+        ptr = buf.ptr if isinstance(buf, DeviceBuffer) else int(buf)
+        out.reshape(-1).view(np.uint8)[:] = self.mem.bytes(ptr, out.nbytes, "download")
+        return out
+
+    # --- streams and events ------------------------------------------------------------------------------------
+    def stream(self) -> HostStream:
+        s = HostStream(len(self._streams))
+        self._streams.append(s)
+        return s
+
+    def event(self) -> HostEvent:
+        return HostEvent()
+
+    def _on(self, stream: HostStream | None) -> HostStream:
+        return stream if stream is not None else self._streams[0]
+
+    def record(self, event: HostEvent, stream: HostStream | None = None) -> None:
+        event.queued += 1
+        self._on(stream).queue.append(("record", event))
+
+    def wait(self, stream: HostStream | None, event: HostEvent) -> None:
+        """``stream`` waits for the work before ``event``'s latest record (cuStreamWaitEvent; no record: no wait)."""
+        if event.queued:
+            self._on(stream).queue.append(("wait", (event, event.queued)))
+
+    def sync_event(self, event: HostEvent) -> None:
+        target = event.queued
+        self._drain(lambda: event.reached >= target)
+
+    def sync_stream(self, stream: HostStream | None = None) -> None:
+        s = self._on(stream)
+        self._drain(lambda: not s.queue)
+
+    def synchronize(self) -> None:
+        self._drain(lambda: all(not s.queue for s in self._streams))
+
+    def _step(self, s: HostStream) -> bool:
+        """Run the head of ``s`` if it is not a wait still held; True when something ran."""
+        if not s.queue:
+            return False
+        kind, item = s.queue[0]
+        if kind == "wait":
+            event, target = item
+            if event.reached < target:  # the record this wait was queued behind has not run yet
+                return False
+            s.queue.popleft()
+            return True
+        s.queue.popleft()
+        if kind == "record":
+            item.reached += 1
+        else:
+            item()
+        return True
+
+    def _drain(self, done: Callable[[], bool]) -> None:
+        """Run queued work until ``done()``: the first stream in the order's priority that can move runs as far as
+        it can, then the priorities are looked at again (see the module doc)."""
+        prio = sorted(self._streams, key=lambda s: -s.index if self.order == "ahead" else s.index)
+        while not done():
+            for s in prio:
+                if self._step(s):
+                    while self._step(s):
+                        pass
+                    break
+            else:
+                raise BackendError("[cuda-host] deadlock: every stream waits for an event no stream will record")
+
+    # --- copies and launches -----------------------------------------------------------------------------------
+    def copy_htod(self, dst: int, src: np.ndarray, stream: HostStream | None = None) -> None:
+        """Copy ``src`` (pinned host memory, kept alive by the caller until the stream passes this copy)."""
+        view = src.reshape(-1).view(np.uint8)
+        self.mem.bytes(dst, view.size, "copy_htod")  # the destination is checked when queued
+
+        def run() -> None:
+            self.mem.bytes(dst, view.size, "copy_htod")[:] = view
+        self._on(stream).queue.append(("run", run))
+
+    def copy_dtoh(self, dst: np.ndarray, src: int, stream: HostStream | None = None) -> None:
+        view = dst.reshape(-1).view(np.uint8)
+
+        def run() -> None:
+            view[:] = self.mem.bytes(src, view.size, "copy_dtoh")
+        self._on(stream).queue.append(("run", run))
+
+    def copy_dtod(self, dst: int, src: int, nbytes: int, stream: HostStream | None = None) -> None:
+        def run() -> None:
+            data = self.mem.bytes(src, nbytes, "copy_dtod").copy()
+            self.mem.bytes(dst, nbytes, "copy_dtod")[:] = data
+        self._on(stream).queue.append(("run", run))
+
+    def launch(self, module: str, kernel: str, at: Launch, *args: Any, stream: HostStream | None = None) -> None:
+        """Queue the CPU reference of ``kernel`` with ``args`` (checked against the kernel's parameter types)."""
+        from uaii.backends.cuda.reference import reference
+
+        check_args(module, kernel, args)
+        fn = reference(kernel)
+        values = tuple(a.ptr if isinstance(a, DeviceBuffer) else a.value for a in args)
+
+        def run() -> None:
+            self.launches.append(kernel)
+            fn(self.mem, at, values)
+        self._on(stream).queue.append(("run", run))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.synchronize()
+        for buf in list(self._buffers.values()):
+            self.free(buf)
+        self.closed = True
+
+
+__all__ = ["HostDevice", "HostEvent", "HostMemory", "HostStream"]

@@ -1,0 +1,407 @@
+"""The CPU reference of every CUDA kernel (kernels/*.cu) in the kernel's launch signature: ``reference(kernel)(mem,
+at, values)`` does to :class:`~uaii.backends.cuda.host.HostMemory` what the kernel does to device memory, launched
+with ``at`` (grid, block) and the arguments ``values`` (pointers as int addresses, 0 for NULL).
+
+Why it exists: the host model of a device (:mod:`uaii.backends.cuda.host`) runs a whole model's launches through
+these, so that what the executor decides (kernels, pointers, strides, sizes, geometry) is compared with the CPU
+backend on any machine; on a GPU the kernels are compared with the same references. Hence:
+
+- coverage: a reference computes only what the launch's threads cover (GEMV rows < grid.x * block.y, items <
+  grid.x * block.x, a norm's row per block, ...: a grid too small leaves the same values unwritten as on a device)
+  and touches only addresses the kernel does (HostMemory fails a range outside one allocation, where a device would
+  corrupt memory silently). A kernel that assumes its block shape (a warp per GEMV row, 256-thread reductions, the
+  int8 GEMM's 16 x 16 threads) refuses another one rather than model a device's garbage.
+- arithmetic: where a CPU function has the kernel's definition it is used (uaii.kernels.dequantize for the decoders,
+  quantize_activations for quant_act: the same bits); the int8 GEMM decodes units in their integer form (decode.cuh:
+  uk_unit_int); sums and transcendental functions are computed in float64 and rounded once to float32 (a device sums
+  in another order: results agree to rounding); add, mul_bcast and kv_store are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from functools import cache, partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import uaii.kernels as K
+from uaii.backends.base import BackendError
+from uaii.backends.cuda.geometry import ATTN_SOFTMAX, MMQ_SIDE, MMQ_TILE, NORM_BLOCK, WARP, Launch
+from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, TYPES
+from uaii.ir import DType
+from uaii.ir.reference.elementwise import gelu
+
+if TYPE_CHECKING:
+    from uaii.backends.cuda.host import HostMemory
+
+Values = tuple[Any, ...]
+Reference = Callable[["HostMemory", Launch, Values], None]
+F32, F64 = np.float32, np.float64
+_CHUNK = 1 << 22  # decoded weight values per step of a GEMV / int8 GEMM (bounds the host's memory)
+
+
+# --- memory ------------------------------------------------------------------------------------------------------
+def _offsets(count: int, width: int, ld: int) -> np.ndarray:
+    """Element offsets of the first ``count`` items of a matrix of rows ``width`` wide and ``ld`` apart."""
+    i = np.arange(max(count, 0), dtype=np.int64)
+    if width == ld or not i.size:
+        return i
+    if width <= 0:
+        raise BackendError(f"[cuda-host] rows of {width} values: the kernel would divide by zero")
+    return i // width * ld + i % width
+
+
+def _load(mem: HostMemory, ptr: int, dtype: Any, offsets: np.ndarray) -> np.ndarray:
+    """A copy of the ``dtype`` values at element ``offsets`` from ``ptr`` (their span must be one allocation)."""
+    if not offsets.size:
+        return np.empty(offsets.shape, dtype)
+    lo, hi = int(offsets.min()), int(offsets.max())
+    return mem.array(ptr + lo * np.dtype(dtype).itemsize, dtype, hi - lo + 1)[offsets - lo]
+
+
+def _store(mem: HostMemory, ptr: int, dtype: Any, offsets: np.ndarray, values: np.ndarray) -> None:
+    """Write ``values`` (rounded to ``dtype``) at element ``offsets`` from ``ptr``."""
+    if offsets.size:
+        lo, hi = int(offsets.min()), int(offsets.max())
+        mem.array(ptr + lo * np.dtype(dtype).itemsize, dtype, hi - lo + 1)[offsets - lo] = values
+
+
+def _at(mem: HostMemory, ptr: int, dtype: Any, i: int) -> Any:
+    """Element ``i`` of a device array (a Python int or float)."""
+    return mem.array(ptr + i * np.dtype(dtype).itemsize, dtype, 1)[0].item()
+
+
+# --- launches ----------------------------------------------------------------------------------------------------
+def _items(at: Launch, count: int) -> int:
+    """How many of ``count`` items a one-thread-per-item kernel computes: its grid's x threads cover 0 .. that."""
+    return max(0, min(count, at.grid[0] * at.block[0]))
+
+
+def _need_block(at: Launch, kernel: str, x: int, y: int | None = None) -> None:
+    if at.block[0] != x or (y is not None and at.block[1:] != (y, 1)):
+        want = f"({x}, {y}, 1)" if y is not None else f"({x}, ...)"
+        raise BackendError(f"[cuda-host] {kernel} assumes blocks of {want} threads, launched with {at.block}")
+
+
+# --- weights -----------------------------------------------------------------------------------------------------
+def _raw_rows(mem: HostMemory, w: int, dtype: DType, starts: np.ndarray, units: int) -> tuple[np.ndarray, int]:
+    """The bytes of the blocks holding units 0 .. ``units`` of the weight rows at byte offsets ``starts``, as
+    [rows * blocks, block bytes], and the blocks per row."""
+    _, _, nbytes, per = TYPES[dtype]
+    blocks = -(-units // per)
+    raw = _load(mem, w, np.uint8, (starts[:, None] + np.arange(blocks * nbytes)).reshape(-1))
+    return raw.reshape(-1, nbytes), blocks
+
+
+def _decode_rows(mem: HostMemory, w: int, dtype: DType, starts: np.ndarray, units: int) -> np.ndarray:
+    """Units 0 .. ``units`` of the rows at byte offsets ``starts`` decoded (decode.cuh: uk_row_unit), [rows, 32 u]."""
+    if units <= 0 or not starts.size:
+        return np.zeros((starts.size, 0), F32)
+    raw, blocks = _raw_rows(mem, w, dtype, starts, units)
+    per = TYPES[dtype][3]
+    return K.dequantize(raw, dtype, raw.shape[0] * per * 32).reshape(starts.size, blocks * per * 32)[:, :32 * units]
+
+
+def _chunks(rows: int, units: int) -> Iterator[np.ndarray]:
+    """Weight rows 0 .. rows in steps of at most _CHUNK decoded values."""
+    step = max(1, _CHUNK // max(1, 32 * units))
+    for r0 in range(0, rows, step):
+        yield np.arange(r0, min(rows, r0 + step), dtype=np.int64)
+
+
+def _f16(b: np.ndarray, at: int) -> np.ndarray:
+    return np.ascontiguousarray(b[:, at:at + 2]).view(np.float16).astype(F32)  # [blocks, 1]
+
+
+def _int_units(dtype: DType, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """decode.cuh's uk_row_unit_int of every unit of blocks ``b`` [blocks, bytes]: q [blocks, units, 32], the half
+    scales sc [blocks, units, 2] and the term mn [blocks, units] (the k-quants' minimum negated), float32 as there."""
+    nb = b.shape[0]
+    i32 = b.astype(np.int32)
+    if dtype in (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0):
+        at = {DType.Q4_0: 2, DType.Q4_1: 4, DType.Q5_0: 6, DType.Q5_1: 8, DType.Q8_0: 2}[dtype]
+        if dtype is DType.Q8_0:
+            q = b[:, 2:34].view(np.int8).astype(np.int32)
+        else:
+            qs = i32[:, at:at + 16]
+            q = np.concatenate([qs & 15, qs >> 4], axis=1)
+            if dtype in (DType.Q5_0, DType.Q5_1):
+                qh = np.ascontiguousarray(b[:, at - 4:at]).view("<u4").astype(np.int64)
+                q |= (((qh >> np.arange(32)) & 1) << 4).astype(np.int32)
+            q -= {DType.Q4_0: 8, DType.Q5_0: 16}.get(dtype, 0)
+        mn = _f16(b, 2) if dtype in (DType.Q4_1, DType.Q5_1) else np.zeros((nb, 1), F32)
+        return q[:, None, :], np.repeat(_f16(b, 0), 2, axis=1)[:, None, :], mn
+    if dtype is DType.Q6_K:
+        nib = np.stack([i32[:, :128] & 15, i32[:, :128] >> 4], axis=1)             # [blocks, hi, 128]
+        ql = nib.reshape(nb, 2, 2, 2, 32).transpose(0, 2, 1, 3, 4).reshape(nb, 2, 4, 32)  # [half, k = 2 hi + odd]
+        qh = i32[:, 128:192].reshape(nb, 2, 1, 32) >> (2 * np.arange(4)).reshape(1, 1, 4, 1)
+        q = (ql | ((qh & 3) << 4)) - 32
+        sc = _f16(b, 208)[:, :, None] * b[:, 192:208].view(np.int8).astype(F32).reshape(nb, 8, 2)
+        return q.reshape(nb, 8, 32), sc, np.zeros((nb, 8), F32)
+    s6 = i32[:, 4:16]                                                               # Q4_K, Q5_K: uk_scale_min_k4
+    sc = np.concatenate([s6[:, 0:4] & 63, (s6[:, 8:12] & 15) | ((s6[:, 0:4] >> 6) << 4)], axis=1)
+    mins = np.concatenate([s6[:, 4:8] & 63, (s6[:, 8:12] >> 4) | ((s6[:, 4:8] >> 6) << 4)], axis=1)
+    low = 16 if dtype is DType.Q4_K else 48
+    qs = i32[:, low:low + 128].reshape(nb, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(nb, 8, 32)
+    if dtype is DType.Q5_K:
+        q |= ((i32[:, None, 16:48] >> np.arange(8).reshape(1, 8, 1)) & 1) << 4
+    d = _f16(b, 0) * sc.astype(F32)
+    return q, np.repeat(d[:, :, None], 2, axis=2), -(_f16(b, 2) * mins.astype(F32))
+
+
+# --- decoders and products ---------------------------------------------------------------------------------------
+def _dequant(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
+    w, units, y = v
+    n = _items(at, units)
+    values = _decode_rows(mem, w, dtype, np.zeros(1, np.int64), n)
+    _store(mem, y, F32, np.arange(values.size), values.reshape(-1))
+
+
+def _rows(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
+    w, row_bytes, per_row, idx, r, y = v
+    n = _items(at, per_row * r)
+    if n <= 0:
+        return
+    full, rest = divmod(n, per_row)
+    ids = _load(mem, idx, np.int32, np.arange(full + (rest > 0))).astype(np.int64)
+    values = _decode_rows(mem, w, dtype, ids[:full] * row_bytes, per_row).reshape(-1)
+    if rest:
+        values = np.concatenate([values, _decode_rows(mem, w, dtype, ids[full:] * row_bytes, rest).reshape(-1)])
+    _store(mem, y, F32, np.arange(values.size), values)
+
+
+def _gemv(dtype: DType, m: int, mem: HostMemory, at: Launch, v: Values) -> None:
+    """y[i, row] = x[i] . W[row], as float64 sums of the decoded weight (rows ``< grid.x * block.y``)."""
+    w, row_bytes, n, k, x, ldx, y, ldy = v
+    _need_block(at, f"gemv_{TYPES[dtype][1]}_m{m}", WARP)
+    rows, units = max(0, min(n, at.grid[0] * at.block[1])), max(k, 0) // 32
+    if rows == 0:
+        return
+    xs = _load(mem, x, F32, _offsets(m * 32 * units, 32 * units, ldx)).reshape(m, 32 * units).astype(F64)
+    out = np.empty((m, rows), F32)
+    for r in _chunks(rows, units):
+        out[:, r[0]:r[-1] + 1] = xs @ _decode_rows(mem, w, dtype, r * row_bytes, units).astype(F64).T
+    _store(mem, y, F32, _offsets(m * rows, rows, ldy), out.reshape(-1))
+
+
+def _quant_act(mem: HostMemory, at: Launch, v: Values) -> None:
+    """Blocks i < grid.x * block.x of x [m, k] (rows ldx apart): q [m, k] (rows k apart), d and s [m, k / 32]."""
+    x, ldx, m, k, q, d, s = v
+    nb = max(k, 0) // 32
+    n = _items(at, m * nb)
+    if n <= 0:
+        return
+    qa, da, sa = K.quantize_activations(_load(mem, x, F32, _offsets(32 * n, 32 * nb, ldx)))
+    _store(mem, q, np.int8, _offsets(32 * n, 32 * nb, k), qa)
+    _store(mem, d, F32, np.arange(n), da)
+    _store(mem, s, F32, np.arange(n), sa)
+
+
+def _mmq(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
+    """y[c, r] = the sum over units of uk_unit_dot: da (sc0 lo + sc1 hi) + mn sa, as (sc q) . (da qa) + mn . sa in
+    float64, over the tiles of MMQ_TILE x MMQ_TILE the grid covers (one rectangle from (0, 0))."""
+    w, row_bytes, n, k, qa, da, sa, m, y, ldy = v
+    _need_block(at, f"mmq_{TYPES[dtype][1]}", MMQ_SIDE, MMQ_SIDE)
+    rows, cols = max(0, min(n, at.grid[0] * MMQ_TILE)), max(0, min(m, at.grid[1] * MMQ_TILE))
+    units = max(k, 0) // 32
+    if rows == 0 or cols == 0:
+        return
+    out = np.zeros((cols, rows), F64)
+    if units:
+        aq = _load(mem, qa, np.int8, _offsets(cols * 32 * units, 32 * units, k)).reshape(cols, units, 32)
+        ad = _load(mem, da, F32, np.arange(cols * units)).reshape(cols, units, 1)
+        a_s = _load(mem, sa, F32, np.arange(cols * units)).reshape(cols, units).astype(F64)
+        a_eff = (aq.astype(F64) * ad).reshape(cols, 32 * units)
+        for r in _chunks(rows, units):
+            raw, blocks = _raw_rows(mem, w, dtype, r * row_bytes, units)
+            q, sc, mn = _int_units(dtype, raw)
+            per = q.shape[1]
+            q, sc, mn = (a.reshape(r.size, blocks * per, *a.shape[2:])[:, :units] for a in (q, sc, mn))
+            w_eff = (q.astype(F64) * np.repeat(sc, 16, axis=2)).reshape(r.size, 32 * units)
+            out[:, r[0]:r[-1] + 1] = a_eff @ w_eff.T + a_s @ mn.astype(F64).T
+    _store(mem, y, F32, _offsets(cols * rows, rows, ldy), out.reshape(-1))
+
+
+# --- row operators -----------------------------------------------------------------------------------------------
+def _add_rms_norm(mem: HostMemory, at: Launch, v: Values, kernel: str = "add_rms_norm") -> None:
+    """ops.cu's rms_row for rows 0 .. grid.x (the kernel has no row count): the sum written first (when its pointer
+    is not NULL), then y normalized from the sum as written (so a sum aliasing a or res still gives the right y)."""
+    a, res, total, w, y, n, eps, unit_offset = v
+    _need_block(at, kernel, NORM_BLOCK, 1)
+    rows = at.grid[0]
+    if n <= 0:
+        return
+    av = mem.array(a, F32, rows * n).reshape(rows, n)
+    rv = mem.array(res, F32, rows * n).reshape(rows, n) if res else None
+    first = av + rv if rv is not None else av.astype(F32)
+    if total:
+        mem.array(total, F32, rows * n)[:] = first.reshape(-1)
+    first64 = first.astype(F64)
+    inv = 1.0 / np.sqrt(np.mean(first64 * first64, axis=1, keepdims=True) + float(eps))
+    wv = mem.array(w, F32, n)
+    scale = (F32(1) + wv if unit_offset else wv).astype(F64)
+    again = (mem.array(total, F32, rows * n).reshape(rows, n) if total else
+             av + rv if rv is not None else av).astype(F64)
+    mem.array(y, F32, rows * n)[:] = (again * inv * scale).astype(F32).reshape(-1)
+
+
+def _rms_norm(mem: HostMemory, at: Launch, v: Values) -> None:
+    x, w, y, n, eps, unit_offset = v
+    _add_rms_norm(mem, at, (x, 0, 0, w, y, n, eps, unit_offset), "rms_norm")
+
+
+def _glu(act: Callable[..., np.ndarray], mem: HostMemory, at: Launch, v: Values) -> None:
+    """y[i] = act(g[r ld + c]) * u[r ld + c] with r, c = divmod(i, ff), for i < grid.x * block.x."""
+    g, u, ld, ff, count, y, *flag = v
+    n = _items(at, count)
+    offs = _offsets(n, ff, ld)
+    a, b = _load(mem, g, F32, offs).astype(F64), _load(mem, u, F32, offs).astype(F64)
+    _store(mem, y, F32, np.arange(n), act(a, *flag) * b)
+
+
+def _add(mem: HostMemory, at: Launch, v: Values) -> None:
+    a, b, y, count = v
+    i = np.arange(_items(at, count))
+    _store(mem, y, F32, i, _load(mem, a, F32, i) + _load(mem, b, F32, i))
+
+
+def _mul_bcast(mem: HostMemory, at: Launch, v: Values) -> None:
+    a, b, nb, count, y = v
+    i = np.arange(_items(at, count))
+    if i.size and nb <= 0:
+        raise BackendError(f"[cuda-host] mul_bcast over {nb} values: the kernel would divide by zero")
+    _store(mem, y, F32, i, _load(mem, a, F32, i) * _load(mem, b, F32, i % max(nb, 1)))
+
+
+def _rope(mem: HostMemory, at: Launch, v: Values) -> None:
+    """Pairs t < grid.x * block.x rotated in place by the angle (double) pos[row] * (double) inv_freq[i], its sine
+    and cosine rounded to float32 (the CPU's rope_angles)."""
+    x, pos, inv_freq, rows, heads, d, n_rot, neox = v
+    half = int(n_rot / 2)
+    t = np.arange(_items(at, rows * heads * half) if half > 0 else 0, dtype=np.int64)
+    if not t.size:
+        return
+    i, head = t % half, t // half
+    angle = _load(mem, pos, np.int32, head // heads).astype(F64) * _load(mem, inv_freq, F32, i).astype(F64)
+    s, c = np.sin(angle).astype(F32).astype(F64), np.cos(angle).astype(F32).astype(F64)
+    ia, ib = (head * d + i, head * d + i + half) if neox else (head * d + 2 * i, head * d + 2 * i + 1)
+    x0, x1 = _load(mem, x, F32, ia).astype(F64), _load(mem, x, F32, ib).astype(F64)
+    _store(mem, x, F32, ia, x0 * c - x1 * s)
+    _store(mem, x, F32, ib, x0 * s + x1 * c)
+
+
+# --- attention ---------------------------------------------------------------------------------------------------
+def _cache_rows(mem: HostMemory, table: int, flags: int, row: int, slots: np.ndarray, h: int, hq: int, hkv: int,
+                width: int) -> np.ndarray:
+    """Values 0 .. width at cache slots ``slots`` of ``row``'s cache (f32 or f16) [slots, hkv, width] for query head
+    ``h``: kv head h / (hq / hkv) as the kernels divide (a zero divisor refused), float64."""
+    if hkv <= 0 or hq // hkv <= 0:
+        raise BackendError(f"[cuda-host] attention with {hq} query heads over {hkv} kv heads divides by zero")
+    dt = np.float16 if _at(mem, flags, np.int32, row) else F32
+    offs = ((slots * hkv + h // (hq // hkv)) * width)[:, None] + np.arange(width)
+    return _load(mem, _at(mem, table, np.uint64, row), dt, offs.reshape(-1)).reshape(slots.size, width).astype(F64)
+
+
+def _attn_scores(mem: HostMemory, at: Launch, v: Values) -> None:
+    """scores[row, h, t] for rows < grid.z, heads < grid.y, keys t < min(used[row], grid.x * block.x): scale q . k
+    (soft-capped), -inf where the key is hidden (an empty slot, in the future, out of the window and no sink)."""
+    q, k_cache, kv_f16, used, q_pos, k_pos, hq, hkv, d, scale, softcap, window, n_sink, scores, s_max = v
+    for row in range(at.grid[2]):
+        s = min(_at(mem, used, np.int64, row), at.grid[0] * at.block[0])
+        if s <= 0:
+            continue
+        kp = _load(mem, _at(mem, k_pos, np.uint64, row), np.int32, np.arange(s)).astype(np.int64)
+        qp = _at(mem, q_pos, np.int32, row)
+        keys = np.flatnonzero((kp >= 0) & (kp <= qp) & ~((window > 0) & (qp - kp >= window) & (kp >= n_sink)))
+        for h in range(at.grid[1]):
+            logits = np.full(s, -np.inf)
+            if keys.size:
+                qv = _load(mem, q, F32, (row * hq + h) * d + np.arange(d)).astype(F64)
+                kv = _cache_rows(mem, k_cache, kv_f16, row, keys, h, hq, hkv, d)
+                lk = (kv @ qv) * scale
+                logits[keys] = softcap * np.tanh(lk / softcap) if softcap > 0 else lk
+            _store(mem, scores, F32, (row * hq + h) * s_max + np.arange(s), logits)
+
+
+def _attn_softmax(mem: HostMemory, at: Launch, v: Values) -> None:
+    """In place over heads < grid.x of rows < grid.y: exp(l - max) / (sum + exp(sink - max)); -inf gives 0, and a
+    head that sees nothing (sum 0, no sink) zeros."""
+    scores, used, sinks, hq, s_max = v
+    _need_block(at, "attn_softmax", ATTN_SOFTMAX, 1)
+    for row in range(at.grid[1]):
+        s = _at(mem, used, np.int64, row)
+        for h in range(at.grid[0]):
+            sink = float(_at(mem, sinks, F32, h)) if sinks else None
+            if s <= 0:
+                continue
+            offs = (row * hq + h) * s_max + np.arange(s)
+            p = _load(mem, scores, F32, offs).astype(F64)
+            mx = float(np.fmax.reduce(p, initial=-math.inf if sink is None else sink))
+            e = np.where(p == -np.inf, 0.0, np.exp(p - mx))
+            total = float(e.sum()) + (math.exp(sink - mx) if sink is not None else 0.0)
+            _store(mem, scores, F32, offs, e * (1.0 / total if total > 0 else 0.0))
+
+
+def _attn_wsum(mem: HostMemory, at: Launch, v: Values) -> None:
+    """out[row, h, e] = sum over keys t < used[row] with p != 0 of p[t] v[t, kv head, e], for e < grid.x * block.x."""
+    scores, v_cache, kv_f16, used, hq, hkv, dv, s_max, out = v
+    width = _items(at, dv)
+    if width <= 0:
+        return
+    for row in range(at.grid[2]):
+        s = max(_at(mem, used, np.int64, row), 0)
+        for h in range(at.grid[1]):
+            p = _load(mem, scores, F32, (row * hq + h) * s_max + np.arange(s)).astype(F64)
+            keys = np.flatnonzero(p != 0)
+            acc = np.zeros(width)
+            if keys.size:
+                acc = p[keys] @ _cache_rows(mem, v_cache, kv_f16, row, keys, h, hq, hkv, dv)[:, :width]
+            _store(mem, out, F32, (row * hq + h) * dv + np.arange(width), acc)
+
+
+def _kv_store(mem: HostMemory, at: Launch, v: Values) -> None:
+    """cache[slot0 * width + i] = x[i / width, i % width] (rows ldx apart), f16 rounded to nearest even."""
+    x, ldx, rows, width, cache_ptr, slot0, f16 = v
+    n = _items(at, rows * width)
+    values = _load(mem, x, F32, _offsets(n, width, ldx))
+    _store(mem, cache_ptr, np.float16 if f16 else F32, slot0 * width + np.arange(n), values)
+
+
+# --- the table ---------------------------------------------------------------------------------------------------
+@cache
+def _table() -> dict[str, Reference]:
+    table: dict[str, Reference] = {
+        "quant_act": _quant_act, "rms_norm": _rms_norm, "add_rms_norm": _add_rms_norm, "add": _add,
+        "swiglu": partial(_glu, lambda a: a / (1.0 + np.exp(-a))),
+        "geglu": partial(_glu, lambda a, tanh_approx: gelu(a, approximate="tanh" if tanh_approx else "none")),
+        "mul_bcast": _mul_bcast, "rope": _rope, "attn_scores": _attn_scores, "attn_softmax": _attn_softmax,
+        "attn_wsum": _attn_wsum, "kv_store": _kv_store,
+    }
+    for dtype, (_, suffix, _, _) in TYPES.items():
+        table[f"dequant_{suffix}"] = partial(_dequant, dtype)
+        table[f"rows_{suffix}"] = partial(_rows, dtype)
+        for m in GEMV_ROWS:
+            table[f"gemv_{suffix}_m{m}"] = partial(_gemv, dtype, m)
+    for dtype in MMQ_TYPES:
+        table[f"mmq_{TYPES[dtype][1]}"] = partial(_mmq, dtype)
+    return table
+
+
+def _quietly(fn: Reference, mem: HostMemory, at: Launch, values: Values) -> None:
+    with np.errstate(all="ignore"):  # a device's IEEE arithmetic (overflow to inf, inf - inf, 0 * inf) warns nobody
+        fn(mem, at, values)
+
+
+def reference(kernel: str) -> Reference:
+    """The CPU reference of ``kernel``: called as ``fn(mem, launch, values)``, values in the kernel's parameter
+    order (pointers as addresses, 0 for NULL)."""
+    fn = _table().get(kernel)
+    if fn is None:
+        raise BackendError(f"[cuda-host] no CPU reference for kernel {kernel}")
+    return partial(_quietly, fn)
+
+
+__all__ = ["Reference", "reference"]

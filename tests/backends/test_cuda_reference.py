@@ -1,0 +1,387 @@
+"""The CPU references of the CUDA kernels (uaii.backends.cuda.reference), launched through the host model of a
+device as the executor launches the kernels, against independent CPU implementations: the C kernels of
+uaii.kernels (dequantize, get_rows, the C GEMMs, rms_norm, the GLUs, rope, attention) and numpy. Where a CUDA
+device exists the same tests run on it too (``dev`` is parametrized: ``cuda`` skips with "no CUDA device"
+elsewhere), so the kernels are held to the same independent implementations as their references.
+
+Besides the values: every kernel the modules name has a reference; a launch computes only what its grid covers (a
+grid too small leaves the rest untouched, as on a device); buffers sized exactly as the kernel indexes them are
+enough (a reference touching more would fail the host model's bounds check); kernels that assume their block shape
+refuse another one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pytest
+
+import uaii.kernels as K
+from uaii.backends.base import BackendError
+from uaii.backends.cuda import geometry
+from uaii.backends.cuda.device import DeviceBuffer, first_device
+from uaii.backends.cuda.geometry import Launch
+from uaii.backends.cuda.host import HostDevice
+from uaii.backends.cuda.reference import reference
+from uaii.backends.cuda.sources import MMQ_TYPES, MODULES, TYPES
+from uaii.ir import DType
+from uaii.kernels.testing import random_weight
+
+Int, Long, Flt, Ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_uint64
+NULL = Ptr(0)
+SENTINEL = np.float32(-7.25)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20240607)
+
+
+@pytest.fixture(params=["host", "cuda"])
+def dev(request: pytest.FixtureRequest) -> Any:
+    """The host model, and a CUDA device where there is one."""
+    d = HostDevice() if request.param == "host" else first_device()
+    if d is None:
+        pytest.skip("no CUDA device")
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def host() -> Any:
+    """The host model alone (what only it checks: block shapes, bounds)."""
+    d = HostDevice()
+    yield d
+    d.close()
+
+
+def _filled(dev: HostDevice, count: int, dtype: Any = np.float32) -> DeviceBuffer:
+    """A buffer of ``count`` values, all SENTINEL: what a launch leaves untouched stays so."""
+    return dev.upload(np.full(count, SENTINEL, dtype))
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, np.float32).view(np.uint32)
+
+
+def test_every_kernel_of_every_module_has_a_reference() -> None:
+    for module in MODULES.values():
+        for kernel in module.kernels:
+            assert callable(reference(kernel)), kernel
+    with pytest.raises(BackendError, match=r"\[cuda-host\] no CPU reference for kernel gemv_q4_0_m3"):
+        reference("gemv_q4_0_m3")
+
+
+# ------------------------------------------------------------------------------------------ weights
+@pytest.mark.parametrize("dtype", list(TYPES), ids=lambda t: t.value)
+def test_gemv_of_every_type_against_the_cpu_gemm(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
+    """M = 1 and M = 3 (launches of gemv_splits: m2 then m1), x and y strided, buffers sized exactly."""
+    n, k = 37, 512
+    raw = random_weight(dtype, n, k, seed=7)
+    want_w = K.PackedWeight.from_raw(raw, dtype, (n, k))
+    dw = dev.upload(raw)
+    for m in (1, 3):
+        ldx, ldy = k + 32, n + 5
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        xbuf = np.zeros((m - 1) * ldx + k, np.float32)
+        for i in range(m):
+            xbuf[i * ldx:i * ldx + k] = x[i]
+        dx, dy = dev.upload(xbuf), _filled(dev, (m - 1) * ldy + n)
+        for start, size in geometry.gemv_splits(m):
+            dev.launch("gemv", f"gemv_{TYPES[dtype][1]}_m{size}", geometry.gemv(n), dw, Long(dtype.nbytes(k)), Int(n),
+                       Int(k), Ptr(dx.ptr + 4 * start * ldx), Long(ldx), Ptr(dy.ptr + 4 * start * ldy), Long(ldy))
+        y = dev.download(dy, ((m - 1) * ldy + n,), np.float32)
+        got = np.stack([y[i * ldy:i * ldy + n] for i in range(m)])
+        want = K.matmul(x, want_w, provider="c-f32")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+        assert all((y[i * ldy + n:(i + 1) * ldy] == SENTINEL).all() for i in range(m - 1))  # the gaps untouched
+
+
+@pytest.mark.parametrize("dtype", list(TYPES), ids=lambda t: t.value)
+def test_dequant_and_rows_are_bit_exact(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
+    n_rows, k = 9, 512
+    units = n_rows * k // 32
+    raw = rng.integers(0, 256, dtype.nbytes(n_rows * k), dtype=np.uint8)
+    dw, dy = dev.upload(raw), _filled(dev, n_rows * k)
+    dev.launch("dequant", f"dequant_{TYPES[dtype][1]}", geometry.elementwise(units), dw, Long(units), dy)
+    got, want = dev.download(dy, (n_rows * k,), np.float32), K.dequantize(raw, dtype, n_rows * k)
+    assert np.array_equal(_bits(got), _bits(want))
+    table = random_weight(dtype, n_rows, k, seed=2)
+    ids = np.array([4, 0, 8, 4, 3], np.int32)
+    dt, di, dy = dev.upload(table), dev.upload(ids), _filled(dev, ids.size * k)
+    dev.launch("dequant", f"rows_{TYPES[dtype][1]}", geometry.elementwise(ids.size * k // 32), dt,
+               Long(dtype.nbytes(k)), Long(k // 32), di, Int(ids.size), dy)
+    got = dev.download(dy, (ids.size, k), np.float32)
+    assert np.array_equal(_bits(got), _bits(K.get_rows(table, dtype, k, ids)))
+
+
+def test_partial_rows_touch_only_what_the_grid_covers(dev: HostDevice) -> None:
+    """rows_ with 40 of 3 x 16 units: rows 0, 1 whole, row 2 half; and an idx array only as long as that."""
+    dtype, k = DType.Q4_K, 512
+    table = random_weight(dtype, 4, k, seed=1)
+    dt, di, dy = dev.upload(table), dev.upload(np.array([3, 1, 2], np.int32)), _filled(dev, 3 * k)
+    dev.launch("dequant", "rows_q4_k", Launch((5, 1, 1), (8, 1, 1)), dt, Long(dtype.nbytes(k)), Long(16), di, Int(3),
+               dy)
+    got = dev.download(dy, (3 * k,), np.float32)
+    want = K.get_rows(table, dtype, k, [3, 1, 2]).reshape(-1)
+    assert np.array_equal(got[:40 * 32], want[:40 * 32]) and (got[40 * 32:] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
+def test_int8_gemm_against_the_exact_product_and_the_cpus_int8_gemm(dtype: DType, dev: HostDevice,
+                                                                    rng: np.random.Generator) -> None:
+    """quant_act (x rows strided) gives the CPU's activation blocks bit for bit; mmq over tiles past both edges
+    (n = 70, m = 67: four tiles, three of them partial) sums their exact product up to rounding."""
+    n, k, m = 70, 256, 67
+    nb, ldx, ldy = k // 32, k + 64, n + 3
+    raw = random_weight(dtype, n, k, seed=5)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xbuf = np.zeros((m, ldx), np.float32)
+    xbuf[:, :k] = x
+    dw, dx = dev.upload(raw), dev.upload(xbuf)
+    dq, dd, ds = dev.alloc(m * k), _filled(dev, m * nb), _filled(dev, m * nb)
+    dy = _filled(dev, (m - 1) * ldy + n)
+    dev.launch("mmq", "quant_act", geometry.elementwise(m * nb), dx, Long(ldx), Int(m), Int(k), dq, dd, ds)
+    dev.launch("mmq", f"mmq_{TYPES[dtype][1]}", geometry.mmq(n, m), dw, Long(dtype.nbytes(k)), Int(n), Int(k), dq, dd,
+               ds, Int(m), dy, Long(ldy))
+    qa, da, sa = K.quantize_activations(x)
+    assert np.array_equal(dev.download(dq, (m * k,), np.int8), qa)
+    assert np.array_equal(_bits(dev.download(dd, (m * nb,), np.float32)), _bits(da))
+    assert np.array_equal(_bits(dev.download(ds, (m * nb,), np.float32)), _bits(sa))
+    y = dev.download(dy, ((m - 1) * ldy + n,), np.float32)
+    got = np.stack([y[c * ldy:c * ldy + n] for c in range(m)])
+    w = K.dequantize(raw, dtype, n * k).reshape(n, k).astype(np.float64)
+    xq = (qa.reshape(m, nb, 32).astype(np.float64) * da.reshape(m, nb, 1)).reshape(m, k)
+    exact = xq @ w.T
+    assert np.all(np.abs(got - exact) <= 1e-5 * (np.abs(xq) @ np.abs(w).T) + 1e-30)
+    cpu = K.matmul(x, K.PackedWeight.from_raw(raw, dtype, (n, k)))
+    np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-3 * float(np.abs(cpu).max()))
+
+
+# -------------------------------------------------------------------------------------- row operators
+@pytest.mark.parametrize("unit_offset", [0, 1])
+def test_norms(unit_offset: int, dev: HostDevice, rng: np.random.Generator) -> None:
+    rows, n = 5, 300
+    a, r = (rng.standard_normal((rows, n)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(n).astype(np.float32)
+    da, dr, dw, ds, dy = dev.upload(a), dev.upload(r), dev.upload(w), _filled(dev, rows * n), _filled(dev, rows * n)
+    dev.launch("ops", "rms_norm", geometry.norm(rows), da, dw, dy, Int(n), Flt(1e-5), Int(unit_offset))
+    want = K.rms_norm(a, w, 1e-5, add_one=bool(unit_offset))
+    np.testing.assert_allclose(dev.download(dy, (rows, n), np.float32), want, rtol=2e-6, atol=2e-6)
+    dev.launch("ops", "add_rms_norm", geometry.norm(rows), da, dr, ds, dw, dy, Int(n), Flt(1e-5), Int(unit_offset))
+    assert np.array_equal(dev.download(ds, (rows, n), np.float32), a + r)
+    want = K.rms_norm(a + r, w, 1e-5, add_one=bool(unit_offset))
+    np.testing.assert_allclose(dev.download(dy, (rows, n), np.float32), want, rtol=2e-6, atol=2e-6)
+    dz = _filled(dev, rows * n)  # no sum pointer, no residual: rms_norm's result, nothing else written
+    dev.launch("ops", "add_rms_norm", geometry.norm(rows), da, NULL, NULL, dw, dz, Int(n), Flt(1e-5), Int(unit_offset))
+    np.testing.assert_allclose(dev.download(dz, (rows, n), np.float32), K.rms_norm(a, w, 1e-5,
+                               add_one=bool(unit_offset)), rtol=2e-6, atol=2e-6)
+    dr2 = dev.upload(r)  # the residual stream updated in place (sum aliasing res): y is still of a + r
+    dev.launch("ops", "add_rms_norm", geometry.norm(rows), da, dr2, dr2, dw, dy, Int(n), Flt(1e-5), Int(unit_offset))
+    assert np.array_equal(dev.download(dr2, (rows, n), np.float32), a + r)
+    np.testing.assert_allclose(dev.download(dy, (rows, n), np.float32), want, rtol=2e-6, atol=2e-6)
+
+
+def test_glus_on_a_fused_gate_up_row(dev: HostDevice, rng: np.random.Generator) -> None:
+    rows, ff = 3, 200
+    gu = (rng.standard_normal((rows, 2 * ff)) * 3).astype(np.float32)
+    g, u = gu[:, :ff], gu[:, ff:]
+    dgu = dev.upload(gu)
+    args = (dgu, Ptr(dgu.ptr + 4 * ff), Long(2 * ff), Int(ff), Long(rows * ff))
+    dy = _filled(dev, rows * ff)
+    dev.launch("ops", "swiglu", geometry.elementwise(rows * ff), *args, dy)
+    np.testing.assert_allclose(dev.download(dy, (rows, ff), np.float32), K.swiglu(g, u), rtol=2e-6, atol=1e-6)
+    for approx, tanh in (("none", 0), ("tanh", 1)):
+        dev.launch("ops", "geglu", geometry.elementwise(rows * ff), *args, dy, Int(tanh))
+        # the CPU's GELU is a fast approximation: absolute errors up to 5e-7, times |u| (< 15)
+        np.testing.assert_allclose(dev.download(dy, (rows, ff), np.float32), K.geglu(g, u, approx), rtol=2e-6,
+                                   atol=1e-5)
+
+
+def test_add_and_mul_bcast_are_exact(dev: HostDevice, rng: np.random.Generator) -> None:
+    a, b = rng.standard_normal((2, 3, 100)).astype(np.float32)
+    da, db, dy = dev.upload(a), dev.upload(b), _filled(dev, 300)
+    dev.launch("ops", "add", geometry.elementwise(300), da, db, dy, Long(300))
+    assert np.array_equal(dev.download(dy, (3, 100), np.float32), a + b)
+    dev.launch("ops", "mul_bcast", geometry.elementwise(300), da, dev.upload(b[0]), Long(100), Long(300), dy)
+    assert np.array_equal(dev.download(dy, (3, 100), np.float32), a * b[0])
+    one = dev.upload(np.array([1.5], np.float32))
+    dev.launch("ops", "mul_bcast", geometry.elementwise(300), da, one, Long(1), Long(300), dy)
+    assert np.array_equal(dev.download(dy, (3, 100), np.float32), a * np.float32(1.5))
+
+
+@pytest.mark.parametrize("neox", [0, 1])
+def test_rope_in_place_with_partial_rotary_dims(neox: int, dev: HostDevice, rng: np.random.Generator) -> None:
+    rows, heads, d, n_rot = 4, 3, 64, 48
+    x = rng.standard_normal((rows, heads, d)).astype(np.float32)
+    pos = np.array([0, 7, 31_000, 131_071], np.int32)  # far positions: the angle is the CPU's double product
+    inv = K.rope_inv_freq(n_rot, 500000.0)
+    dx = dev.upload(x)
+    dev.launch("ops", "rope", geometry.elementwise(rows * heads * n_rot // 2), dx, dev.upload(pos), dev.upload(inv),
+               Int(rows), Int(heads), Int(d), Int(n_rot), Int(neox))
+    got = dev.download(dx, x.shape, np.float32)
+    np.testing.assert_allclose(got, K.rope(x, pos, inv, neox=bool(neox)), rtol=1e-6, atol=1e-6)
+    assert np.array_equal(got[..., n_rot:], x[..., n_rot:])
+
+
+# ------------------------------------------------------------------------------------------- attention
+def _attend(dev: HostDevice, q: np.ndarray, caches: list[tuple[np.ndarray, np.ndarray]], k_pos: list[np.ndarray],
+            q_pos: list[int], used: list[int], *, scale: float, window: int = 0, n_sink: int = 0,
+            softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+    """The executor's three launches over rows of [hq, d] queries, row i reading caches[i] (the same arrays may
+    serve several rows: uploaded once), per-row device tables of pointers, flags, lengths and positions."""
+    rows, hq, d = q.shape
+    hkv, dv = caches[0][0].shape[1], caches[0][1].shape[2]
+    uploaded: dict[int, DeviceBuffer] = {}
+
+    def up(a: np.ndarray) -> int:
+        if id(a) not in uploaded:
+            uploaded[id(a)] = dev.upload(a)
+        return uploaded[id(a)].ptr
+
+    def table(values: list[int], dtype: Any) -> DeviceBuffer:
+        return dev.upload(np.array(values, dtype))
+
+    kp, vp = table([up(k) for k, _ in caches], np.uint64), table([up(v) for _, v in caches], np.uint64)
+    posp = table([up(p) for p in k_pos], np.uint64)
+    flags = table([int(k.dtype == np.float16) for k, _ in caches], np.int32)
+    du, dqp = table(used, np.int64), table(q_pos, np.int32)
+    s_max = max(used)
+    scores, out = _filled(dev, rows * hq * s_max), _filled(dev, rows * hq * dv)
+    l1, l2, l3 = geometry.attention(rows, hq, s_max, dv)
+    dev.launch("attention", "attn_scores", l1, dev.upload(q), kp, flags, du, dqp, posp, Int(hq), Int(hkv), Int(d),
+               Flt(scale), Flt(softcap), Int(window), Int(n_sink), scores, Long(s_max))
+    dev.launch("attention", "attn_softmax", l2, scores, du, dev.upload(sinks) if sinks is not None else NULL, Int(hq),
+               Long(s_max))
+    dev.launch("attention", "attn_wsum", l3, scores, vp, flags, du, Int(hq), Int(hkv), Int(dv), Long(s_max), out)
+    return dev.download(out, (rows, hq, dv), np.float32)
+
+
+def _cache(rng: np.random.Generator, s: int, hkv: int, d: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    return rng.standard_normal((s, hkv, d)).astype(dtype), rng.standard_normal((s, hkv, d)).astype(dtype)
+
+
+@pytest.mark.parametrize("f16", [False, True])
+def test_decode_attention_with_gqa(f16: bool, dev: HostDevice, rng: np.random.Generator) -> None:
+    hq, hkv, d, used = 8, 2, 32, [37, 5, 20]
+    caches = [_cache(rng, s, hkv, d, np.float16 if f16 else np.float32) for s in used]
+    k_pos = [np.arange(s, dtype=np.int32) for s in used]
+    k_pos[2][[3, 11]] = -1                                          # empty slots
+    q = rng.standard_normal((len(used), hq, d)).astype(np.float32)
+    got = _attend(dev, q, caches, k_pos, [s - 1 for s in used], used, scale=0.2)
+    for i, (k, v) in enumerate(caches):
+        want = K.attention(q[i:i + 1], k, v, q_pos=np.array([used[i] - 1], np.int32), k_pos=k_pos[i], scale=0.2)[0]
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_window_with_sink_tokens_sink_logits_and_softcap(dev: HostDevice, rng: np.random.Generator) -> None:
+    hq, hkv, d, s = 4, 4, 16, 50
+    k, v = _cache(rng, s, hkv, d, np.float32)
+    k_pos = np.arange(s, dtype=np.int32)
+    q = (rng.standard_normal((2, hq, d)) * 4).astype(np.float32)
+    sinks = rng.standard_normal(hq).astype(np.float32)
+    kw: dict[str, Any] = {"scale": 0.25, "window": 8, "n_sink": 3, "softcap": 5.0}
+    got = _attend(dev, q, [(k, v)] * 2, [k_pos] * 2, [49, 20], [s, 21], sinks=sinks, **kw)
+    for i, (qp, used) in enumerate(((49, s), (20, 21))):
+        want = K.attention(q[i:i + 1], k[:used], v[:used], q_pos=np.array([qp], np.int32), k_pos=k_pos[:used],
+                           sinks=sinks, **kw)[0]
+        np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-5)
+
+
+def test_prefill_rows_share_one_cache_with_their_own_positions(dev: HostDevice, rng: np.random.Generator) -> None:
+    """A prefill of 6 tokens (positions 18..23) after 18 cached ones: 6 rows over the same cache, pointer tables and
+    length, masked by their q_pos; a 7th row whose query precedes every key sees nothing: zeros."""
+    hq, hkv, d, s = 6, 2, 32, 24
+    k, v = _cache(rng, s, hkv, d, np.float16)
+    k_pos = np.arange(s, dtype=np.int32)
+    q = rng.standard_normal((7, hq, d)).astype(np.float32)
+    q_pos = [18, 19, 20, 21, 22, 23, -1]
+    got = _attend(dev, q, [(k, v)] * 7, [k_pos] * 7, q_pos, [s] * 7, scale=0.15, window=4, n_sink=1)
+    want = K.attention(q[:6], k, v, q_pos=np.array(q_pos[:6], np.int32), k_pos=k_pos, scale=0.15, window=4, n_sink=1)
+    np.testing.assert_allclose(got[:6], want, rtol=1e-4, atol=1e-5)
+    assert np.array_equal(got[6], np.zeros((hq, d), np.float32))
+
+
+@pytest.mark.parametrize("f16", [0, 1])
+def test_kv_store_rounds_as_numpy(f16: int, dev: HostDevice, rng: np.random.Generator) -> None:
+    slots, width, rows, slot0, ldx = 10, 24, 3, 4, 40
+    x = (rng.standard_normal((rows, ldx)) * 100).astype(np.float32)
+    x[0, :3] = [1e6, -7e4, 3e-8]                                   # overflow and a subnormal half
+    dt = np.float16 if f16 else np.float32
+    cache = dev.upload(np.zeros((slots, width), dt))
+    dev.launch("attention", "kv_store", geometry.elementwise(rows * width), dev.upload(x), Long(ldx), Int(rows),
+               Int(width), cache, Long(slot0), Int(f16))
+    want = np.zeros((slots, width), dt)
+    with np.errstate(over="ignore"):
+        want[slot0:slot0 + rows] = x[:, :width].astype(dt)
+    assert np.array_equal(dev.download(cache, (slots, width), dt).view(np.uint8), want.view(np.uint8))
+
+
+# --------------------------------------------------------------------------------------------- coverage
+def test_a_grid_too_small_leaves_the_rest_untouched(dev: HostDevice, rng: np.random.Generator) -> None:
+    n, k = 10, 64
+    raw = random_weight(DType.Q8_0, n, k, seed=3)
+    x = rng.standard_normal(k).astype(np.float32)
+    dy = _filled(dev, n)
+    dev.launch("gemv", "gemv_q8_0_m1", Launch((2, 1, 1), (32, 4, 1)), dev.upload(raw), Long(DType.Q8_0.nbytes(k)),
+               Int(n), Int(k), dev.upload(x), Long(k), dy, Long(n))
+    y = dev.download(dy, (n,), np.float32)
+    assert (y[8:] == SENTINEL).all() and (y[:8] != SENTINEL).all()
+
+    a = rng.standard_normal(300).astype(np.float32)
+    dy = _filled(dev, 300)
+    dev.launch("ops", "add", Launch((1, 1, 1), (256, 1, 1)), dev.upload(a), dev.upload(a), dy, Long(300))
+    y = dev.download(dy, (300,), np.float32)
+    assert np.array_equal(y[:256], 2 * a[:256]) and (y[256:] == SENTINEL).all()
+
+    dy = _filled(dev, 3 * 64)
+    dev.launch("ops", "rms_norm", Launch((2, 1, 1), (256, 1, 1)), dev.upload(np.ones(3 * 64, np.float32)),
+               dev.upload(np.ones(64, np.float32)), dy, Int(64), Flt(0.0), Int(0))
+    y = dev.download(dy, (3, 64), np.float32)
+    assert (y[:2] == 1).all() and (y[2] == SENTINEL).all()
+
+    n = m = 70
+    raw = random_weight(DType.Q4_0, n, k, seed=4)
+    qa, da, sa = K.quantize_activations(rng.standard_normal((m, k)).astype(np.float32))
+    dy = _filled(dev, m * n)
+    dev.launch("mmq", "mmq_q4_0", Launch((1, 1, 1), (16, 16, 1)), dev.upload(raw), Long(DType.Q4_0.nbytes(k)), Int(n),
+               Int(k), dev.upload(qa), dev.upload(da), dev.upload(sa), Int(m), dy, Long(n))
+    y = dev.download(dy, (m, n), np.float32)
+    assert (y[:64, :64] != SENTINEL).all() and (y[64:] == SENTINEL).all() and (y[:, 64:] == SENTINEL).all()
+
+    hq, d, s = 2, 16, 200                                          # one block of 128 keys, head 0 only
+    kc = dev.upload(rng.standard_normal((s, 1, d)).astype(np.float32))
+    k_table, pos_table = (dev.upload(np.array([b.ptr], np.uint64))
+                          for b in (kc, dev.upload(np.arange(s, dtype=np.int32))))
+    flags, used, q_pos = dev.upload(np.array([0], np.int32)), dev.upload(np.array([s], np.int64)), \
+        dev.upload(np.array([s], np.int32))
+    scores = _filled(dev, hq * s)
+    dev.launch("attention", "attn_scores", Launch((1, 1, 1), (128, 1, 1)), dev.upload(np.ones((hq, d), np.float32)),
+               k_table, flags, used, q_pos, pos_table, Int(hq), Int(1), Int(d), Flt(1.0), Flt(0.0), Int(0), Int(0),
+               scores, Long(s))
+    got = dev.download(scores, (hq, s), np.float32)
+    assert (got[0, :128] != SENTINEL).all() and (got[0, 128:] == SENTINEL).all() and (got[1] == SENTINEL).all()
+
+
+def test_kernels_refuse_a_block_shape_they_do_not_assume(host: HostDevice) -> None:
+    dev = host
+    buf = dev.alloc(4096)
+    with pytest.raises(BackendError, match=r"gemv_f32_m1 assumes blocks of \(32, \.\.\.\)"):
+        dev.launch("gemv", "gemv_f32_m1", Launch((1, 1, 1), (16, 4, 1)), buf, Long(128), Int(1), Int(32), buf,
+                   Long(32), buf, Long(1))
+        dev.synchronize()
+    with pytest.raises(BackendError, match="rms_norm assumes blocks of"):
+        dev.launch("ops", "rms_norm", Launch((1, 1, 1), (128, 1, 1)), buf, buf, buf, Int(32), Flt(1e-6), Int(0))
+        dev.synchronize()
+
+
+def test_a_launch_reading_past_its_buffer_fails(host: HostDevice) -> None:
+    """n = 5 rows of a weight holding 4: the host model names the access (a device would read garbage)."""
+    dev = host
+    raw = random_weight(DType.F16, 4, 32, seed=0)
+    with pytest.raises(BackendError, match="not inside one allocation"):
+        dev.launch("gemv", "gemv_f16_m1", geometry.gemv(5), dev.upload(raw), Long(64), Int(5), Int(32),
+                   dev.upload(np.ones(32, np.float32)), Long(32), dev.alloc(20), Long(5))
+        dev.synchronize()
