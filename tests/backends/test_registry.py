@@ -86,11 +86,27 @@ class _FakeCuda:
     cuDeviceGetName = _Fn(_name)
 
 
-def test_a_probe_that_finds_devices_lists_them_but_reports_no_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_devices_run_when_named_and_auto_passes_them_by(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The CUDA executor has not run on a GPU yet: a found device is available to ``--device cuda`` (with
+    cuda-bindings installed), and ``auto`` passes it by, saying why (DeviceStatus.not_auto)."""
+    import importlib.util
+
+    from uaii.backends import registry
+
     monkeypatch.setattr(gpu, "_load", lambda names: (_FakeCuda(), ""))
     status = gpu.CudaBackend().probe()
     assert status.devices == ["cuda:0 Fake GPU", "cuda:1 Fake GPU"]
-    assert not status.available and "probe only" in status.reason
+    if importlib.util.find_spec("cuda.bindings") is None:
+        assert not status.available and "cuda-bindings is not installed" in status.reason
+        return
+    assert status.available and "has not run on a GPU" in status.not_auto
+    monkeypatch.setattr(registry, "_instances", {"cuda": gpu.CudaBackend()})
+    monkeypatch.setattr(registry, "backend_names", lambda: ["cpu", "cuda"])
+    with caplog.at_level("WARNING", logger="uaii.backends"):
+        assert select_device("auto").name == "cpu"
+    assert "cuda: found cuda:0 Fake GPU, cuda:1 Fake GPU; device auto does not pick cuda yet" in caplog.text
+    assert select_device("cuda").name == "cuda"
 
 
 def test_cuda_without_devices_and_failing_probes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,12 +57,15 @@ class UnsupportedOpError(BackendError):
 class DeviceStatus:
     """What a probe found: ``available`` with the physical ``devices`` it enumerated, or the ``reason`` it
     cannot run here. ``software``: the device is a software rasterizer (lavapipe, SwiftShader, WARP) that the
-    caller opted into; it runs when named (``device="webgpu"``), ``select_device("auto")`` never picks it."""
+    caller opted into; it runs when named (``device="webgpu"``), ``select_device("auto")`` never picks it.
+    ``not_auto``: why ``select_device("auto")`` passes this available backend by although it runs when named
+    (empty: auto may pick it)."""
 
     available: bool
     reason: str = ""
     devices: list[str] = field(default_factory=list)
     software: bool = False
+    not_auto: str = ""
 
     def __str__(self) -> str:
         if self.available:
@@ -98,7 +101,9 @@ class Capabilities:
     and version (``cpu/1``), which :meth:`Backend.plan_arena` computes and a plan made with it carries;
     ``"planner"`` (:data:`~uaii.ir.plan.PLANNER_ARENA`): it consumes the planner's generic offsets; ``""``: it
     declares none, and a Session does not plan for it. ``step_profile``: its executables time their steps on
-    request — ``set_profiling(on)`` and ``take_profile() -> list[StepProfile]`` (:mod:`uaii.backends.profile`)."""
+    request — ``set_profiling(on)`` and ``take_profile() -> list[StepProfile]`` (:mod:`uaii.backends.profile`).
+    ``staging_buffers``: how many staging buffers of ``chunk_bytes`` a device backend streams weights through (the
+    device budget counts them)."""
 
     activation_dtypes: frozenset[str] = frozenset()
     weight_dtypes: frozenset[str] = frozenset()
@@ -114,6 +119,7 @@ class Capabilities:
     compile_options: frozenset[str] = frozenset()
     arena: str = ""
     step_profile: bool = False
+    staging_buffers: int = 1
 
 
 @dataclass(frozen=True)
@@ -359,6 +365,16 @@ class BackendBase:
         why = ("it declares threads but does not implement set_threads" if self.capabilities.threads
                else "it declares no thread pool (capabilities.threads is False)")
         raise BackendError(f"[backend] {self.name} cannot set {n} threads: {why}")
+
+    def device_compile_args(self, options: Mapping[str, Any], expert_cache: Any, why_no_cache: str = "") -> None:
+        """What a device backend's ``compile`` refuses: options it does not take, and the host expert cache (a
+        host-memory structure; ``why_no_cache`` says what the device does instead)."""
+        if options:
+            raise BackendError(f"[backend] {self.name}: compile does not take the options "
+                               f"{', '.join(sorted(options))}")
+        if expert_cache is not None:
+            raise BackendError(f"[backend] {self.name}: an expert cache is a host-memory structure"
+                               f"{'; ' + why_no_cache if why_no_cache else ''} (compile without expert_cache)")
 
     def graph_to_run(self, graph: Graph, plan: ExecutionPlan | None, max_tokens: int) -> Graph:
         """What ``compile`` runs: with a plan, its steps (``plan_graph``) once its arena is one this backend can

@@ -1,5 +1,5 @@
-"""GPU backends: the WebGPU backend (executes graphs, see :mod:`uaii.backends.webgpu`) and honest device probes
-for CUDA, ROCm, Vulkan and Metal (no executor of their own yet).
+"""GPU backends: the WebGPU backend (:mod:`uaii.backends.webgpu`), the CUDA backend (:mod:`uaii.backends.cuda`)
+and honest device probes for ROCm, Vulkan and Metal (no executor of their own yet).
 
 Each probe creates a context through the vendor's own driver library (loaded with ctypes, so no SDK is needed at
 build time) and enumerates physical devices; software devices (llvmpipe, SwiftShader, CPU adapters) do not count.
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from uaii.backends.base import BackendBase, DeviceStatus
+from uaii.backends.cuda.backend import CudaBackend
 from uaii.backends.webgpu.backend import WebGpuBackend
 
 NO_EXECUTOR = "the {name} backend is a device probe only in this release (no GPU executor is built)"
@@ -60,30 +61,28 @@ class GpuProbeBackend(BackendBase):
         return DeviceStatus(True, "", devices)
 
 
-class CudaBackend(GpuProbeBackend):
-    name = "cuda"
-    sdk = "the NVIDIA driver (libcuda.so.1)"
-
-    def enumerate(self) -> tuple[list[str], str]:
-        lib, err = _load(("libcuda.so.1", "libcuda.so", "nvcuda.dll"))
-        if lib is None:
-            return [], f"{self.sdk} is not installed ({err})"
-        rc = lib.cuInit(0)
-        if rc != 0:
-            return [], f"cuInit failed with CUresult {rc}" + (" (CUDA_ERROR_NO_DEVICE)" if rc == 100 else "")
-        count = ctypes.c_int(0)
-        rc = lib.cuDeviceGetCount(ctypes.byref(count))
-        if rc != 0:
-            return [], f"cuDeviceGetCount failed with CUresult {rc}"
-        names = []
-        for i in range(count.value):
-            dev = ctypes.c_int(0)
-            buf = ctypes.create_string_buffer(256)
-            if lib.cuDeviceGet(ctypes.byref(dev), i) == 0 and lib.cuDeviceGetName(buf, 256, dev) == 0:
-                names.append(f"cuda:{i} {buf.value.decode(errors='replace')}")
-            else:
-                names.append(f"cuda:{i}")
-        return names, "the driver reports 0 CUDA devices"
+def cuda_devices() -> tuple[list[str], str]:
+    """The CUDA devices the driver reports (``cuda:<i> <name>``), or none and why — through ctypes on libcuda, so
+    the probe needs no package (the CUDA backend, :mod:`uaii.backends.cuda.backend`, runs on them)."""
+    lib, err = _load(("libcuda.so.1", "libcuda.so", "nvcuda.dll"))
+    if lib is None:
+        return [], f"the NVIDIA driver (libcuda.so.1) is not installed ({err})"
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return [], f"cuInit failed with CUresult {rc}" + (" (CUDA_ERROR_NO_DEVICE)" if rc == 100 else "")
+    count = ctypes.c_int(0)
+    rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0:
+        return [], f"cuDeviceGetCount failed with CUresult {rc}"
+    names = []
+    for i in range(count.value):
+        dev = ctypes.c_int(0)
+        buf = ctypes.create_string_buffer(256)
+        if lib.cuDeviceGet(ctypes.byref(dev), i) == 0 and lib.cuDeviceGetName(buf, 256, dev) == 0:
+            names.append(f"cuda:{i} {buf.value.decode(errors='replace')}")
+        else:
+            names.append(f"cuda:{i}")
+    return names, "the driver reports 0 CUDA devices"
 
 
 class RocmBackend(GpuProbeBackend):
@@ -228,5 +227,17 @@ GPU_BACKENDS: dict[str, Callable[[], BackendBase]] = {
     "webgpu": WebGpuBackend,
 }
 
-__all__ = ["GPU_BACKENDS", "VK_TYPES", "CudaBackend", "GpuProbeBackend", "MetalBackend", "RocmBackend", "VkDevice",
-           "VulkanBackend", "WebGpuBackend", "device_local_bytes", "vulkan_memory"]
+__all__ = [
+    "GPU_BACKENDS",
+    "VK_TYPES",
+    "CudaBackend",
+    "GpuProbeBackend",
+    "MetalBackend",
+    "RocmBackend",
+    "VkDevice",
+    "VulkanBackend",
+    "WebGpuBackend",
+    "cuda_devices",
+    "device_local_bytes",
+    "vulkan_memory",
+]

@@ -102,12 +102,16 @@ def select_device(device: str = "auto") -> Any:
         if backend.kind != "gpu":
             continue
         status = backend.probe()
-        if status.available and not status.software:
+        if status.available and not status.software and not status.not_auto:
             log.info("device auto: using %s (%s)", name, ", ".join(status.devices))
             return backend
-        reasons.append(f"{name}: " + (status.reason if not status.available else
-                                      f"only a software adapter ({', '.join(status.devices)}), which auto never "
-                                      f"picks; --device {name} runs on it"))
+        if not status.available:
+            reasons.append(f"{name}: {status.reason}")
+        elif status.software:
+            reasons.append(f"{name}: only a software adapter ({', '.join(status.devices)}), which auto never picks; "
+                           f"--device {name} runs on it")
+        else:
+            reasons.append(f"{name}: found {', '.join(status.devices)}; {status.not_auto}")
     log.warning("device auto: no usable GPU backend, falling back to cpu (%s)", "; ".join(reasons))
     return get_backend("cpu")
 

@@ -9,8 +9,9 @@ the host store keeps. A model larger than the device must still run, so what doe
 The rule is the planner's, not a second one: :func:`uaii.planner.storage_for_uses` with the device budget —
 small vectors (norm scales, biases) first, then the globals, the embeddings, lm_head and the first ``pin_layers``
 trunk layers, then (``fill_pins``) further layers while the budget holds — over the arena and KV cache the device
-holds. Two differences, both of how a GPU streams: one staging buffer (the backend refills it after the work that
-read it was submitted, so there is no second one to read ahead into), and every streamed weight passes through it
+holds. Two differences, both of how a GPU streams: the backend's ``Capabilities.staging_buffers`` staging buffers
+(WebGPU: one, refilled after the work that read it was submitted; CUDA: two, one filled on a copy stream while
+kernels read the other), and every streamed weight passes through it
 in chunks of whole rows (``chunk_bytes``: a matrix's output features, a table's rows, a bank's experts) — no
 embedding rows looked up on the host, no expert cache. A weight the host budget streams also streams on the device: the
 host does not keep it, so the device reads it from the host store each time (acquire, upload, release).
@@ -76,7 +77,7 @@ def device_budget(device_memory: int, requested: int = 0) -> int:
 
 def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int, budget_bytes: int,
                    arena_bytes: int = 0, kv_cache_bytes: int = 0, pin_layers: int | None = None,
-                   host_streamed: frozenset[str] = frozenset()) -> DeviceResidency:
+                   host_streamed: frozenset[str] = frozenset(), staging_buffers: int = 1) -> DeviceResidency:
     """The residency of the weights ``order`` (the nodes in execution order) reads, under ``budget_bytes`` (see the
     module doc). ``host_streamed``: references the host store does not keep, which stream on the device too."""
     from uaii.ir.plan import ArenaLayout
@@ -86,7 +87,8 @@ def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int
     # a matrix's output features): no row lookups from the host, no expert cache
     uses = [replace(u, chunk_row=u.chunk_row or u.expert, expert=0, staged=dict.fromkeys(u.staged, u.nbytes))
             for u in weight_uses(graph, list(order)).values()]
-    kw: dict[str, Any] = {"budget_bytes": budget_bytes, "kv_cache_bytes": kv_cache_bytes, "staging_buffers": 1,
+    kw: dict[str, Any] = {"budget_bytes": budget_bytes, "kv_cache_bytes": kv_cache_bytes,
+                          "staging_buffers": max(1, staging_buffers),
                           "fill_pins": True}
     if pin_layers is not None:
         kw["pin_layers"] = pin_layers
@@ -130,13 +132,14 @@ def device_streaming(backend: Backend, graph: Graph, plan: Any, options: Session
                                device_memory=caps.device_memory,
                                budget_bytes=device_budget(caps.device_memory, o.gpu_budget_bytes),
                                arena_bytes=arena, kv_cache_bytes=kv_cache_bytes, pin_layers=o.pin_layers,
-                               host_streamed=host_streamed)
+                               host_streamed=host_streamed, staging_buffers=caps.staging_buffers)
     if residency.streamed and not caps.streams_weights:
         raise SessionError(f"[runtime] {residency.describe()}, but the {backend.name} backend does not stream "
                            "weights (capabilities.streams_weights is False); raise --gpu-budget")
     log.info("[runtime] %s", residency.describe())
     kw = {k: v for k, v in streaming.items() if k not in ("expert_cache", "chunk_bytes", "streamed")}
-    return residency, {**kw, "streamed": list(residency.streamed), "chunk_bytes": residency.staging_bytes}
+    chunk = residency.staging_bytes // max(1, caps.staging_buffers)  # one buffer's bytes: the largest piece
+    return residency, {**kw, "streamed": list(residency.streamed), "chunk_bytes": chunk}
 
 
 __all__ = ["DEVICE_FRACTION", "DeviceResidency", "device_budget", "device_streaming", "plan_residency"]

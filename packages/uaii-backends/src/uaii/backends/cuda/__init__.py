@@ -1,22 +1,26 @@
-"""uaii.backends.cuda — the CUDA backend's kernels and their compilation (extra ``uaii-backends[cuda]``).
+"""uaii.backends.cuda — the CUDA backend (extra ``uaii-backends[cuda]``): CUDA C kernels compiled at first use by
+NVRTC, launched through the driver API (cuda-bindings), an executor that runs a plan's steps on the device.
 
-CUDA C sources shipped in ``kernels/`` (decoders of every GGUF encoding the backend reads, fused-dequantization
-GEMV for 1-8 activation rows, an int8 (``__dp4a``) GEMM for prefill on the block types, dequantize / embedding rows,
-RMSNorm, SwiGLU, RoPE, decode attention over a KV cache with window and sinks), compiled at first use by NVRTC for
-the device's architecture and cached on disk (:mod:`uaii.backends.cuda.nvrtc`), launched with the geometry of
-:mod:`uaii.backends.cuda.geometry`. No nvcc, no system toolkit, no torch.
+- ``kernels/``: decoders of every GGUF encoding the backend reads, fused-dequantization GEMV for 1-8 activation
+  rows, an int8 (``__dp4a``) GEMM for prefill on the block types, dequantize / embedding rows, RMSNorm, SwiGLU,
+  GeGLU, RoPE, KV-cache writes and attention over per-row KV tables with window and sinks; compiled for the
+  device's architecture and cached on disk (:mod:`uaii.backends.cuda.nvrtc`), launched with the geometry of
+  :mod:`uaii.backends.cuda.geometry`. No nvcc, no system toolkit, no torch.
+- :class:`CudaBackend` / :class:`~uaii.backends.cuda.executable.CudaExecutable`: weights resident on the device or
+  streamed through two staging slots on a copy stream that overlaps the kernels (a model larger than the device
+  budget runs), KV states in device memory (:class:`~uaii.backends.cuda.kv_state.CudaKVState`), batched decode rows.
+- :class:`~uaii.backends.cuda.host.HostDevice`: a host model of a device that runs every launch through its
+  kernel's CPU reference (:mod:`uaii.backends.cuda.reference`), checks every pointer and argument, and runs streams
+  in an adversarial order — how the executor is tested without a GPU.
 
-The executor that runs a plan's steps on a device is not in this release: the ``cuda`` backend
-(:class:`uaii.backends.gpu.CudaBackend`) stays a probe that finds devices and says so, and ``device="auto"`` passes
-it by. Everything here is verified without a GPU: every module compiles for sm_80 and sm_90, the decoders are built
-by the host compiler too and match ``uaii.kernels.dequantize`` bit for bit, the int8 GEMM's arithmetic (integer
-units, the activation quantizer, the per-pair sums) is built and checked on the host as well, and the launch
-geometry is unit-tested.
+``device="auto"`` does not pick this backend until it has run on a GPU (``--device cuda`` runs it); see
+docs/backends.md.
 """
 
+from uaii.backends.cuda.backend import NOT_AUTO, CudaBackend
 from uaii.backends.cuda.geometry import Launch
 from uaii.backends.cuda.nvrtc import ARCHS, EXTRA, Compiled, cache_dir, cache_key, compile_module, nvrtc_version
-from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, MODULES, TYPES, Module, source
+from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, MODULES, TYPES, Module, signature, source
 
-__all__ = ["ARCHS", "EXTRA", "GEMV_ROWS", "MMQ_TYPES", "MODULES", "TYPES", "Compiled", "Launch", "Module", "cache_dir",
-           "cache_key", "compile_module", "nvrtc_version", "source"]
+__all__ = ["ARCHS", "EXTRA", "GEMV_ROWS", "MMQ_TYPES", "MODULES", "NOT_AUTO", "TYPES", "Compiled", "CudaBackend",
+           "Launch", "Module", "cache_dir", "cache_key", "compile_module", "nvrtc_version", "signature", "source"]

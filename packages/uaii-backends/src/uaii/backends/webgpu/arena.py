@@ -94,21 +94,25 @@ def _slot(r: Regions, owner: str, steps: int, types: dict[str, VType]) -> Buffer
                       max(min(r.last[owner], steps - 1), first))
 
 
-def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int) -> ArenaLayout:
+def arena_of(graph: Graph, infos: Sequence[NodeInfo], max_tokens: int, *, rule: str = ARENA_RULE,
+             align: int = ALIGN) -> ArenaLayout:
     """The arena an executable of ``graph`` with its KV state bound allocates for ``max_tokens`` tokens: the
-    binding ``prepare`` makes at compile time (every symbolic feed dim at ``max_tokens``), one slot per owner."""
+    binding ``prepare`` makes at compile time (every symbolic feed dim at ``max_tokens``), one slot per owner.
+    ``rule``/``align``: the identity and alignment of a backend that follows this rule at its own alignment (the
+    CUDA backend: ``cuda/1``)."""
     a = arena_inputs(graph, infos, max_tokens)
     outputs = [n for n in graph.outputs if n not in a.stateful]
-    r = lay_out(infos, a.feeds, outputs, a.stateful, a.types, ALIGN)
+    r = lay_out(infos, a.feeds, outputs, a.stateful, a.types, align)
     slots = sorted((_slot(r, o, len(infos), a.types) for o in r.offset), key=lambda s: (s.first_step, s.value))
-    return ArenaLayout(size=r.total, alignment=ALIGN, max_tokens=a.tokens, slots=tuple(slots), rule=ARENA_RULE)
+    return ArenaLayout(size=r.total, alignment=align, max_tokens=a.tokens, slots=tuple(slots), rule=rule)
 
 
-def uncovered(r: Regions, arena: ArenaLayout, steps: int, types: dict[str, VType], align: int) -> Iterator[str]:
+def uncovered(r: Regions, arena: ArenaLayout, steps: int, types: dict[str, VType], align: int, *,
+              rule: str = ARENA_RULE) -> Iterator[str]:
     """Why the plan's ``arena`` cannot hold the regions ``r`` (laid out for ``types``) at its offsets: the check
     every backend runs (:func:`uaii.backends.base.arena_problems`) on this rule's slots, at the device's offset
     alignment ``align``."""
-    return arena_problems(arena, (_slot(r, o, steps, types) for o in r.born), rule=ARENA_RULE, align=align)
+    return arena_problems(arena, (_slot(r, o, steps, types) for o in r.born), rule=rule, align=align)
 
 
 __all__ = ["ALIGN", "ARENA_RULE", "VIEW_OPS", "Regions", "arena_of", "lay_out", "uncovered"]

@@ -8,7 +8,6 @@ from typing import Any
 from uaii.backends.analysis import node_infos
 from uaii.backends.base import (
     BackendBase,
-    BackendError,
     BackendUnavailable,
     Capabilities,
     DeviceStatus,
@@ -114,11 +113,7 @@ class WebGpuBackend(BackendBase):
         from uaii.backends.webgpu.executable import WebGpuExecutable
         from uaii.backends.webgpu.ops import LOWERINGS
 
-        if options:
-            raise BackendError(f"[backend] webgpu: compile does not take the options {', '.join(sorted(options))}")
-        if expert_cache is not None:
-            raise BackendError("[backend] webgpu: an expert cache is a host-memory structure; the device streams "
-                               "expert banks shard by shard (compile without expert_cache)")
+        self.device_compile_args(options, expert_cache, "the device streams expert banks shard by shard")
         graph = self.graph_to_run(graph, plan, max_tokens)
         dev = open_device(self.allow_software)
         tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512

@@ -54,7 +54,8 @@ def device_rows() -> list[dict[str, Any]]:
     rows = []
     for name, status in list_backends():
         rows.append({"name": name, "available": bool(status.available), "devices": list(status.devices),
-                     "software": bool(status.software), "reason": "" if status.available else status.reason})
+                     "software": bool(status.software), "not_auto": status.not_auto,
+                     "reason": "" if status.available else status.reason})
     return rows
 
 
@@ -98,7 +99,9 @@ def cmd_devices(args: argparse.Namespace, ctx: Context) -> int:
     for r in rows:
         status = ("[yellow]software[/yellow]" if r["software"] else "[green]available[/green]") if r["available"] \
             else "[red]unavailable[/red]"
-        t.add_row(r["name"], status, ", ".join(r["devices"]) if r["available"] else r["reason"])
+        shown = ", ".join(r["devices"]) + (f" ({r['not_auto']})" if r["not_auto"] else "") if r["available"] \
+            else r["reason"]
+        t.add_row(r["name"], status, shown)
     ctx.out.print(t)
     for name, (adapters, why) in listings.items():
         if not adapters:

@@ -1,0 +1,506 @@
+"""The CUDA executable: a plan's steps as launches of the package's kernels over one activation arena, weights on
+the device or streamed from the host through staging buffers, and the KV cache in device memory.
+
+Per feed-shape key a *binding* is made once: every activation's address in the arena (the rule of
+:mod:`uaii.backends.webgpu.arena`, with CUDA's 256-byte alignment: views for Reshape/Identity, first fit by
+liveness, floats as f32 and ints as i32 on the device) and the list of steps, each of which queues launches on the
+executor's compute stream. A run writes the feeds, fills the attention tables of its state(s), queues the steps
+and copies the outputs back: one synchronization per run.
+
+Storage-first on the device: a weight named in ``streamed`` is not uploaded. It is cut into *pieces* of whole rows
+(at most ``chunk_bytes``; a matrix's output features) and every run moves its pieces host -> device in the order
+the steps read them, through two page-locked host buffers and two device slots on a copy stream: piece ``p + 1``
+is copied while the kernels of piece ``p`` run. Events order it (the copy into a slot waits for the kernels that
+read the slot's previous piece; those kernels wait for their piece's copy), so the compute stream never stalls on
+the host while a copy is in flight. A streamed Embedding table is read on the host: only the rows the tokens
+select are copied.
+
+What a node lowers to (anything else is refused at compile time, naming the node): Embedding (``rows_<type>``),
+RMSNorm / AddRMSNorm, MatMul and GroupedMatMul on a 2-D weight stored ``[N, K]`` (GEMV for up to 8 activation rows,
+the int8 ``mmq_<type>`` beyond on the block types), RoPE, cached causal Attention (``kv_store`` + the three
+attention kernels over per-row tables: a prefill of n tokens is n rows over one cache), SwiGLU, GeGLU, Add, Mul by
+a broadcast constant row, Reshape/Identity (views) and contiguous Slice (a device copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from uaii.backends.analysis import KvLayout, NodeInfo, VType, feed_types, infer_types, kv_layout, token_shapes
+from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
+from uaii.backends.cuda.kv_state import CudaKVState
+from uaii.backends.kv_book import KVBatch
+from uaii.backends.webgpu.arena import lay_out, uncovered
+from uaii.backends.webgpu.program import device_nbytes, from_device, to_device
+from uaii.ir import DType, Graph
+from uaii.ir.kvcache import kv_bytes_per_token
+from uaii.ir.plan import ArenaLayout
+from uaii.storage import rows_ref
+
+ARENA_RULE = "cuda/1"
+"""The identity of the arena rule (webgpu/arena.py's rule at :data:`ALIGN`); bump it when the layout changes."""
+ALIGN = 256
+"""Offset alignment of the arena's regions (cuMemAlloc aligns to 256; the kernels' vector loads need far less)."""
+MAX_BINDINGS = 16
+STAGING_SLOTS = 2
+"""Device slots (and page-locked host buffers) streamed pieces take turns in: one read by kernels, one filling."""
+
+c_int, c_ll, c_f, c_p = ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_uint64
+Step = Callable[["RunContext"], None]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of a streamed weight in the form its reader takes (``packed``: stored bytes;
+    ``f32``: the values as f32; ``gather``: the stored rows the run's feed ``ids`` selects, read on the host),
+    ``nbytes`` long."""
+
+    name: str
+    form: str
+    start: int
+    stop: int
+    nbytes: int
+    ids: str = ""
+
+
+@dataclass
+class RunContext:
+    """What a run's steps read: the KV state(s) of the run (one, or a KVBatch's rows)."""
+
+    states: list[CudaKVState]
+
+
+@dataclass
+class Binding:
+    steps: list[Step]
+    feeds: list[tuple[str, int, DType, int]]
+    outputs: list[tuple[str, int, DType, tuple[int, ...]]]
+    n_new: int
+    batched: bool
+    pieces: list[Piece]
+    owned: list[Any] = field(default_factory=list)
+    tables: Any = None
+    pinned_tables: Any = None
+    pinned_io: Any = None
+
+
+def table_layout(rows: int, layers: int) -> dict[str, int]:
+    """Byte offsets of the attention tables of ``rows`` rows (8-byte arrays first, so each is aligned): per layer
+    and row the key and value cache pointers, per row the slots to scan (i64), the positions' pointer, the query
+    position (i32) and the f16 flag (i32); ``size`` in all."""
+    o = 16 * layers * rows
+    return {"k": 0, "v": 8 * layers * rows, "used": o, "kpos": o + 8 * rows, "qpos": o + 16 * rows,
+            "f16": o + 20 * rows, "size": o + 24 * rows}
+
+
+class CudaExecutable:
+    """A graph compiled for the CUDA backend (see the module doc). ``dev``: a
+    :class:`~uaii.backends.cuda.device.CudaDevice`, or the host model :class:`~uaii.backends.cuda.host.HostDevice`
+    the tests run it on."""
+
+    def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: Any, *,
+                 max_tokens: int = 512, kv_state: bool = True, streamed: Collection[str] = (),
+                 chunk_bytes: int = 0, arena: ArenaLayout | None = None) -> None:
+        self.graph = graph
+        self.infos = infos
+        self.dev = dev
+        self.max_tokens = max(int(max_tokens), 1)
+        self.chunk_bytes = max(int(chunk_bytes), 0)
+        self._source = weights
+        self._tmap = graph.tensor_map
+        self.weight_names = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
+        refs = set(streamed)
+        self.streamed = {t.name for t in graph.tensors if t.is_weight and weight_key(t) in refs}
+        kv = kv_layout(graph)
+        self.kv: KvLayout | None = kv if kv_state and kv.layers else None
+        stateful = self.kv.values if self.kv is not None else frozenset()
+        self.input_names = tuple(n for n in graph.inputs if n not in stateful)
+        self.output_names = tuple(n for n in graph.outputs if n not in stateful)
+        self._planned = arena
+        self._resident: dict[tuple[str, str], Any] = {}
+        self._derived: dict[Any, Any] = {}
+        self._bindings: dict[Any, Binding] = {}
+        self._arena: Any = None
+        self._arena_bytes = 0
+        self._scores: Any = None
+        self._slots: list[Any] = []
+        self._pinned_slots: list[Any] = []
+        self._slot_bytes = 0
+        self.weight_bytes = 0
+        self.closed = False
+        self.stream = dev.stream()
+        self.copy_stream = dev.stream()
+        self._copied = [dev.event() for _ in range(STAGING_SLOTS)]  # a slot's piece is on the device
+        self._read = [dev.event() for _ in range(STAGING_SLOTS)]    # the kernels that read a slot were queued
+        self._ids = dev.upload(np.arange(self.max_tokens, dtype=np.int32))  # rows of a host-gathered embedding
+        self._current: Binding | None = None
+        self._feeds: Mapping[str, np.ndarray] = {}
+
+    # --- weights ---------------------------------------------------------------------------------------------
+    def _host(self, name: str) -> np.ndarray:
+        t = self._tmap[name]
+        if t.is_constant:
+            assert t.data is not None
+            raw = np.frombuffer(t.data, np.uint8)
+            return raw if t.dtype.is_quantized else raw.view(t.dtype.numpy).reshape(tuple(int(d) for d in t.shape))
+        ref = weight_key(t)
+        try:
+            return np.array(self._source.acquire(ref), copy=True)
+        finally:
+            self._source.release(ref)
+
+    def _form(self, name: str, form: str, data: np.ndarray) -> np.ndarray:
+        """Host bytes of a weight (or rows of it) in ``form``: ``packed`` (stored bytes, for the decoders) or
+        ``f32`` (values, for norms and products by a row)."""
+        t = self._tmap[name]
+        if form == "packed":
+            return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if t.dtype.is_quantized:
+            from uaii.kernels import dequantize
+
+            raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            count = raw.size // t.dtype.nbytes(t.dtype.block_size) * t.dtype.block_size
+            return dequantize(raw, t.dtype, count).astype(np.float32).view(np.uint8)
+        return to_device(np.asarray(data), t.dtype).view(np.uint8)
+
+    def _weight(self, name: str, form: str) -> int:
+        """Device address of a resident weight in ``form`` (uploaded once, on first use)."""
+        key = (name, form)
+        if key not in self._resident:
+            data = self._form(name, form, self._host(name))
+            self._resident[key] = self.dev.upload(data)
+            self.weight_bytes += data.nbytes
+        return int(self._resident[key].ptr)
+
+    def _pieces(self, name: str, form: str) -> list[Piece]:
+        """A streamed weight as pieces of whole rows, each at most ``chunk_bytes`` (at least one row)."""
+        t = self._tmap[name]
+        shape = tuple(int(d) for d in t.shape)
+        rows = shape[0] if len(shape) > 1 else 1
+        per = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else int(np.prod(shape, dtype=np.int64))
+        row_bytes = t.dtype.nbytes(per) if form == "packed" else 4 * per
+        step = max(1, self.chunk_bytes // row_bytes) if self.chunk_bytes else rows
+        return [Piece(name, form, a, min(rows, a + step), (min(rows, a + step) - a) * row_bytes)
+                for a in range(0, rows, step)]
+
+    def _piece_bytes(self, p: Piece) -> np.ndarray:
+        """The host bytes of a piece, read from the store (rows of a file's tensor through ``@rows=``)."""
+        t = self._tmap[p.name]
+        ref = weight_key(t)
+        shape = tuple(int(d) for d in t.shape)
+        if p.form == "gather":
+            ids = np.asarray(self._feeds[p.ids]).reshape(-1).astype(np.int64)
+            if ids.size and (ids.min() < 0 or ids.max() >= shape[0]):
+                bad = ids[(ids < 0) | (ids >= shape[0])][0]
+                raise BackendError(f"[backend] cuda: id {bad} is outside the {shape[0]} rows of {p.name!r}")
+            try:
+                table = np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8)
+                return table.reshape(shape[0], -1)[ids].reshape(-1)
+            finally:
+                self._source.release(ref)
+        whole = p.start == 0 and p.stop == (shape[0] if len(shape) > 1 else 1)
+        key = ref if whole or t.weight is None or len(shape) < 2 else rows_ref(ref, p.start, p.stop)
+        try:
+            data = np.asarray(self._source.acquire(key))
+            if key == ref and not whole:
+                data = data.reshape(shape[0], -1)[p.start:p.stop] if not t.dtype.is_quantized else \
+                    np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(shape[0], -1)[p.start:p.stop]
+            return self._form(p.name, p.form, data)
+        finally:
+            self._source.release(key)
+
+    def _ensure_slots(self, nbytes: int) -> None:
+        if nbytes <= self._slot_bytes:
+            return
+        self.dev.synchronize()
+        for b in self._slots:
+            self.dev.free(b)
+        for h in self._pinned_slots:
+            self.dev.free_host(h)
+        self._slots = [self.dev.alloc(nbytes) for _ in range(STAGING_SLOTS)]
+        self._pinned_slots = [self.dev.alloc_host(nbytes) for _ in range(STAGING_SLOTS)]
+        self._slot_bytes = nbytes  # steps read the slots' addresses when they run: no binding goes stale
+
+    # --- binding ---------------------------------------------------------------------------------------------
+    def _bind(self, shapes: Mapping[str, tuple[int, ...]], batched: bool) -> Binding:
+        from uaii.backends.cuda.lower import Binder
+
+        types = infer_types(self.graph, self.infos, feed_types(self.graph, self.input_names, shapes, self.kv))
+        addr = self._layout(types)
+        b = Binder(self, types, addr, batched)
+        try:
+            for info in self.infos:
+                b.lower(info)
+        except BaseException:
+            for buf in b.owned:
+                self.dev.free(buf)
+            if b.tables is not None:
+                self.dev.free(b.tables)
+                self.dev.free_host(b.pinned_tables)
+            raise
+        feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, _count(types[n].shape)))
+                 for n in self.input_names]
+        outputs = [(n, addr[n], types[n].dtype, types[n].shape) for n in self.output_names]
+        binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.tables, b.pinned_tables)
+        if b.pieces:
+            self._ensure_slots(max(p.nbytes for p in b.pieces))
+        io = sum(-(-n // 8) * 8 for *_, n in feeds) + sum(
+            -(-device_nbytes(d, _count(s)) // 8) * 8 for _, _, d, s in outputs)
+        binding.pinned_io = self.dev.alloc_host(max(io, 8))
+        return binding
+
+    def _layout(self, types: dict[str, VType]) -> dict[str, int]:
+        """Addresses of every activation (the arena rule); at the plan's offsets when its arena holds them."""
+        stateful = self.kv.values if self.kv is not None else frozenset()
+        r = lay_out(self.infos, self.input_names, self.output_names, stateful, types, ALIGN)
+        offset, total = r.offset, r.total
+        if self._planned is not None:
+            problem = next(uncovered(r, self._planned, len(self.infos), types, ALIGN, rule=ARENA_RULE), None)
+            if problem is None:
+                offset = {s.value: s.offset for s in self._planned.slots}
+                total = self._planned.size
+            elif not self._arena_bytes:
+                raise BackendError(f"[backend] cuda: the plan's arena ({self._planned.rule}, "
+                                   f"{self._planned.max_tokens} tokens) does not fit graph {self.graph.name!r} as "
+                                   f"this executable binds it: {problem}")
+        if total > self._arena_bytes:
+            self._drop_bindings()
+            if self._arena is not None:
+                self.dev.free(self._arena)
+            self._arena = self.dev.alloc(total)
+            self._arena_bytes = total
+        base = int(self._arena.ptr)
+        return {v: base + offset[o] for v, o in r.root.items() if o in offset}
+
+    def _drop_bindings(self) -> None:
+        for key in list(self._bindings):
+            self._free_binding(self._bindings.pop(key))
+
+    def _free_binding(self, b: Binding) -> None:
+        self.dev.synchronize()
+        for buf in b.owned:
+            self.dev.free(buf)
+        if b.tables is not None:
+            self.dev.free(b.tables)
+            self.dev.free_host(b.pinned_tables)
+        if b.pinned_io is not None:
+            self.dev.free_host(b.pinned_io)
+
+    # --- running ---------------------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray], state: Any = None) -> dict[str, np.ndarray]:
+        """Run once (see the module doc). ``state``: one sequence's :class:`CudaKVState`, or a :class:`KVBatch`
+        of them, one feed row each."""
+        if self.closed:
+            raise BackendError("[backend] the executable is closed")
+        try:
+            key_shapes = tuple(tuple(int(d) for d in np.shape(feeds[n])) for n in self.input_names)
+        except KeyError as exc:
+            raise BackendError(f"[backend] missing input {exc.args[0]!r}; the graph takes "
+                               f"{', '.join(self.input_names)}") from None
+        batched = isinstance(state, KVBatch)
+        states = self._states(state)
+        key = (key_shapes, batched)
+        binding = self._bindings.get(key)
+        if binding is None:
+            if len(self._bindings) >= MAX_BINDINGS:
+                self._free_binding(self._bindings.pop(next(iter(self._bindings))))
+            binding = self._bind(dict(zip(self.input_names, key_shapes, strict=True)), batched)
+            self._bindings[key] = binding
+        else:
+            self._bindings[key] = self._bindings.pop(key)  # most recently used last
+        io = binding.pinned_io
+        at = 0
+        for name, ptr, dtype, nbytes in binding.feeds:
+            data = to_device(np.asarray(feeds[name]), dtype).view(np.uint8)
+            if data.size != nbytes:
+                raise BackendError(f"[backend] input {name!r}: {data.size} device bytes, the binding holds {nbytes}")
+            if nbytes:
+                io[at:at + nbytes] = data
+                self.dev.copy_htod(ptr, io[at:at + nbytes], self.stream)
+            at += -(-nbytes // 8) * 8
+        if binding.n_new:
+            state.prepare(binding.n_new)
+            self._fill_tables(binding, states)
+        ctx = RunContext(states)
+        self._current = binding
+        self._feeds = feeds
+        if binding.pieces:
+            self._stage(binding, 0)
+        try:
+            for step in binding.steps:
+                step(ctx)
+        except BaseException:
+            self.dev.synchronize()
+            raise
+        outs = []
+        for name, ptr, dtype, shape in binding.outputs:
+            n = device_nbytes(dtype, _count(shape))
+            view = io[at:at + n]
+            if n:
+                self.dev.copy_dtoh(view, ptr, self.stream)
+            outs.append((name, view, dtype, shape))
+            at += -(-n // 8) * 8
+        self.dev.sync_stream(self.stream)
+        out = {name: from_device(view.tobytes(), dtype, shape) for name, view, dtype, shape in outs}
+        if binding.n_new:
+            state.advance(binding.n_new)
+        return out
+
+    def _states(self, state: Any) -> list[CudaKVState]:
+        if self.kv is None:
+            return []
+        if state is None:
+            raise BackendError("[backend] this graph keeps a KV cache: pass a state from new_state()")
+        states: list[CudaKVState] = []
+        for s in list(state.rows) if isinstance(state, KVBatch) else [state]:
+            if not isinstance(s, CudaKVState) or s.dev is not self.dev:
+                raise BackendError(f"[backend] cuda: a KV state of this executable's device is needed, found "
+                                   f"{type(s).__name__}")
+            if s.row_bytes != [(hkv * dk * (2 if s.f16 else 4), hkv * dv * (2 if s.f16 else 4))
+                               for hkv, dk, dv in self.kv.dims]:
+                raise BackendError(f"[backend] cuda: the state's layers {s.row_bytes} (bytes per slot of keys, "
+                                   f"values) are not this graph's {self.kv.dims} (heads, key dim, value dim)")
+            states.append(s)
+        return states
+
+    def _fill_tables(self, b: Binding, states: list[CudaKVState]) -> None:
+        """Per attention row (:func:`table_layout`): a prefill's rows share their sequence's cache, each with its
+        own query position; a batch's rows are one token of each state."""
+        assert self.kv is not None
+        n_layers, rows = len(self.kv.layers), b.n_new
+        at = table_layout(rows, n_layers)
+        host = b.pinned_tables
+        kp = host[at["k"]:at["v"]].view(np.uint64).reshape(n_layers, rows)
+        vp = host[at["v"]:at["used"]].view(np.uint64).reshape(n_layers, rows)
+        used = host[at["used"]:at["kpos"]].view(np.int64)
+        kpos = host[at["kpos"]:at["qpos"]].view(np.uint64)
+        qpos = host[at["qpos"]:at["f16"]].view(np.int32)
+        f16 = host[at["f16"]:at["size"]].view(np.int32)
+        if b.batched:
+            for r, s in enumerate(states):
+                for layer in range(n_layers):
+                    kp[layer, r], vp[layer, r] = s.cache_ptrs(layer)
+                used[r], kpos[r], qpos[r], f16[r] = s.used + 1, int(s.pos_dev.ptr), s.q_pos[0], int(s.f16)
+        else:
+            s = states[0]
+            for layer in range(n_layers):
+                kp[layer, :], vp[layer, :] = s.cache_ptrs(layer)
+            used[:], kpos[:], qpos[:], f16[:] = s.used + rows, int(s.pos_dev.ptr), s.q_pos[:rows], int(s.f16)
+        self.dev.copy_htod(int(b.tables.ptr), host[:at["size"]], self.stream)
+
+    # --- streaming -------------------------------------------------------------------------------------------
+    def _stage(self, b: Binding, p: int) -> None:
+        """Queue piece ``p``'s copy into slot ``p % 2`` on the copy stream, after the kernels that read the slot's
+        previous piece; the page-locked buffer is refilled once its previous copy has left."""
+        slot = p % STAGING_SLOTS
+        piece = b.pieces[p]
+        pinned = self._pinned_slots[slot]
+        self.dev.sync_event(self._copied[slot])
+        pinned[:piece.nbytes] = self._piece_bytes(piece)
+        self.dev.wait(self.copy_stream, self._read[slot])
+        self.dev.copy_htod(int(self._slots[slot].ptr), pinned[:piece.nbytes], self.copy_stream)
+        self.dev.record(self._copied[slot], self.copy_stream)
+
+    def piece_step(self, p: int, launch: Callable[[int], None]) -> Step:
+        """The step that runs ``launch(slot address)`` on piece ``p`` of the running binding once the piece is on
+        the device, after queueing the next piece's copy (the overlap)."""
+        slot = p % STAGING_SLOTS
+
+        def step(ctx: RunContext) -> None:
+            binding = self._current
+            assert binding is not None
+            if p + 1 < len(binding.pieces):
+                self._stage(binding, p + 1)
+            self.dev.wait(self.stream, self._copied[slot])
+            launch(int(self._slots[slot].ptr))
+            self.dev.record(self._read[slot], self.stream)
+        return step
+
+    # --- what the lowering reads -----------------------------------------------------------------------------
+    def tensor(self, name: str) -> Any:
+        return self._tmap[name]
+
+    def weight(self, name: str, form: str) -> int:
+        """Device address of weight ``name`` in ``form``, resident (uploaded on first use)."""
+        return self._weight(name, form)
+
+    def pieces_of(self, name: str, form: str) -> list[Piece]:
+        return self._pieces(name, form)
+
+    def host_f32(self, name: str) -> np.ndarray:
+        return self._form(name, "f32", self._host(name)).view(np.float32)
+
+    def derived(self, key: Any, make: Callable[[], np.ndarray]) -> int:
+        """Device address of a value computed on the host once per executable (RoPE frequencies)."""
+        if key not in self._derived:
+            self._derived[key] = self.dev.upload(make())
+        return int(self._derived[key].ptr)
+
+    def ids_ptr(self, r: int) -> int:
+        """Device address of the ids 0 .. r - 1 (a host-gathered embedding's rows are in order)."""
+        if r > self.max_tokens:
+            self.dev.free(self._ids)
+            self.max_tokens = r
+            self._ids = self.dev.upload(np.arange(r, dtype=np.int32))
+        return int(self._ids.ptr)
+
+    # --- states, memory --------------------------------------------------------------------------------------
+    def new_state(self, capacity: int, *, window: int = 0, sinks: int = 4, dtype: str = "f32",
+                  positions: str = "absolute") -> CudaKVState:
+        if self.kv is None:
+            raise BackendError(f"[backend] graph {self.graph.name!r} keeps no KV cache")
+        slots = window + sinks if window else capacity
+        return CudaKVState(self.dev, self.stream, self.kv.dims, slots, dtype=dtype, window=window, sinks=sinks,
+                           max_tokens=max(slots, 1), positions=positions)
+
+    def prepare(self) -> None:
+        """Bind once at ``max_tokens`` tokens at compile time (weights uploaded, arena sized before the first run,
+        so ``memory()`` reports them); with a plan, at the shapes its arena was laid out at."""
+        shapes = token_shapes(self.graph, self.input_names, self.max_tokens, batched_only=self._planned is None)
+        if shapes is None:
+            return
+        key = (tuple(tuple(shapes[n]) for n in self.input_names), False)
+        self._bindings[key] = self._bind(shapes, False)
+
+    def memory(self) -> ExecutableMemory:
+        per_token = kv_bytes_per_token(self.graph) if self.kv is not None else 0
+        staging = STAGING_SLOTS * self._slot_bytes + (self._scores.nbytes if self._scores is not None else 0)
+        return ExecutableMemory(arena_bytes=self._arena_bytes, weight_bytes=self.weight_bytes,
+                                staging_bytes=staging, kv_bytes_per_token=per_token, device="device")
+
+    def scores(self, nbytes: int) -> int:
+        """The attention scores scratch, grown to ``nbytes`` (freed after the queued work that reads it)."""
+        if self._scores is None or self._scores.nbytes < nbytes:
+            if self._scores is not None:
+                self.dev.free(self._scores)
+            self._scores = self.dev.alloc(nbytes)
+        return int(self._scores.ptr)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):
+            self.dev.synchronize()
+        self._drop_bindings()
+        for buf in (*self._resident.values(), *self._derived.values(), *self._slots, self._arena, self._scores,
+                    self._ids):
+            if buf is not None:
+                with contextlib.suppress(Exception):
+                    self.dev.free(buf)
+        for h in self._pinned_slots:
+            self.dev.free_host(h)
+        self._resident.clear()
+        self._derived.clear()
+        self._slots, self._pinned_slots = [], []
+        self._arena = self._scores = None
+        self.closed = True
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))

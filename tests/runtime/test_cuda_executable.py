@@ -1,0 +1,276 @@
+"""The CUDA executor on the host model of a device (uaii.backends.cuda.host.HostDevice): every launch it queues runs
+through its kernel's CPU reference, every pointer is checked against live allocations and every argument against
+the kernel's C parameter kinds, and streams run asynchronously in an adversarial order. So without a GPU the whole
+executor is tested — lowering, arena addresses, KV tables, window compaction, batched rows and the double-buffered
+weight streaming with its events — against the CPU backend on the real models.
+
+What the host model cannot show — that the CUDA kernels compute what their references do, and any speed — a device
+shows: where one exists, the tests taking ``kind`` run on it as well ("no CUDA device" elsewhere), and the kernels
+are compared with the references' independent implementations in tests/backends/test_cuda_reference.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from uaii.backends import KVBatch, registry
+from uaii.backends.base import BackendError, UnsupportedOpError
+from uaii.backends.cuda.backend import CudaBackend
+from uaii.backends.cuda.host import HostDevice
+from uaii.runtime import Session
+
+PROMPT = "The capital of France is"
+EXACT = 1e-3  # against the CPU's exact mode (gemm="f32"): the same f32 values summed in other orders
+
+
+def on_host_model(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> HostDevice:
+    """``device="cuda"`` runs on a fresh host model for this test."""
+    dev = HostDevice(**kw)
+    monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=dev))
+    return dev
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Any:
+    """CUDA device 0, opened once for the module (skips with "no CUDA device" without one)."""
+    from uaii.backends.cuda.device import first_device
+
+    dev = first_device()
+    if dev is None:
+        pytest.skip("no CUDA device")
+    yield dev
+    dev.close()
+
+
+@pytest.fixture(params=["host", "cuda"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def on_device(kind: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, **kw: Any) -> Any:
+    """``device="cuda"`` runs on a fresh host model, or on the real device."""
+    if kind == "host":
+        return on_host_model(monkeypatch, **kw)
+    dev = request.getfixturevalue("gpu")
+    monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=dev))
+    return dev
+
+
+def logits_of(session: Session, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens after ``prompt`` and the logits each was chosen from."""
+    out = [session.forward(prompt)]
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(out[-1])))
+        out.append(session.forward([tokens[-1]]))
+    return tokens, out
+
+
+Runs = dict[Any, tuple[list[int], list[np.ndarray]]]
+
+
+@pytest.fixture(scope="module")
+def cpu_runs() -> Runs:
+    return {}
+
+
+def cpu_exact(path: Path, runs: Runs, prompt: list[int], steps: int, **options: Any) -> tuple[list[int],
+                                                                                             list[np.ndarray]]:
+    key = (path, tuple(prompt), steps, tuple(sorted(options.items())))
+    if key not in runs:
+        with Session(path, plan_cache=False, gemm="f32", **options) as s:
+            runs[key] = logits_of(s, prompt, steps)
+    return runs[key]
+
+
+def assert_close(got: tuple[list[int], list[np.ndarray]], want: tuple[list[int], list[np.ndarray]],
+                 tol: float = EXACT) -> None:
+    assert got[0] == want[0], f"tokens {got[0]} != the cpu's {want[0]}"
+    for i, (a, b) in enumerate(zip(got[1], want[1], strict=True)):
+        err = float(np.abs(a - b).max())
+        assert err < tol, f"step {i}: max |logit difference| {err} >= {tol}"
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_models_match_the_exact_cpu_path(model: str, kind: str, request: pytest.FixtureRequest,
+                                         monkeypatch: pytest.MonkeyPatch, cpu_runs: Runs) -> None:
+    """SmolLM2 (llama: GQA, SwiGLU) and Gemma-3 (q/k norms, GeGLU, sliding-window layers, an embedding scale, a
+    tied lm_head): resident, a 5-token prompt and greedy steps, logits within 1e-3 of the CPU's exact mode."""
+    dev = on_device(kind, monkeypatch, request)
+    path = request.getfixturevalue(f"{model}_path")
+    with Session(path, device="cuda", plan_cache=False, max_context=64) as s:
+        assert s.backend.name == "cuda" and s.plan.arena.rule == "cuda/1"
+        prompt = s.tokenize(PROMPT)
+        got = logits_of(s, prompt, 3 if model == "gemma3" else 6)
+    assert_close(got, cpu_exact(path, cpu_runs, prompt, len(got[0]), max_context=64))
+    if kind == "host":
+        assert "gemv_q4_1_m1" in dev.launches or model == "gemma3"
+        assert "attn_scores" in dev.launches and "kv_store" in dev.launches
+
+
+def test_a_long_prompt_runs_the_int8_gemm(kind: str, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          request: pytest.FixtureRequest) -> None:
+    """More than 8 rows go through quant_act + mmq_<type> (8-bit activations, the CPU integer path's quantizer):
+    the greedy token is the exact path's and the logits stay within what 8-bit activations move (the CPU's own
+    integer path is 0.64 from the exact one here; a wrong offset or stride would be off by whole logits)."""
+    dev = on_device(kind, monkeypatch, request)
+    text = "Paris is the capital and largest city of France. It is known for the Eiffel Tower and the Louvre, and"
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64) as s:
+        prompt = s.tokenize(text)
+        assert len(prompt) > 8
+        got = s.forward(prompt)
+    with Session(smollm2_path, plan_cache=False, max_context=64, gemm="f32") as c:
+        want = c.forward(prompt)
+    assert kind != "host" or ("quant_act" in dev.launches and "mmq_q4_1" in dev.launches)
+    assert int(np.argmax(got)) == int(np.argmax(want))
+    assert float(np.abs(got - want).max()) < 1.0 and np.corrcoef(got, want)[0, 1] > 0.999
+
+
+@pytest.mark.parametrize("order", ["ahead", "behind", "cuda"])
+def test_a_model_larger_than_the_device_budget_streams(order: str, smollm2_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       request: pytest.FixtureRequest) -> None:
+    """Under a 40 MiB device budget (SmolLM2's weights are 92 MiB) half of the weights stream through the two
+    staging slots every step; with the copy stream running ahead of the kernels or behind them, the logits are
+    bit for bit the resident run's (on a device: the same kernels on the same bytes, so bit for bit too)."""
+    kind = "cuda" if order == "cuda" else "host"
+    on_device(kind, monkeypatch, request)
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64) as s:
+        prompt = s.tokenize(PROMPT)
+        resident = logits_of(s, prompt, 3)
+    dev = on_device(kind, monkeypatch, request, **({} if kind == "cuda" else {"order": order}))
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64, gpu_budget_bytes=40 << 20) as s:
+        res = s.device_residency
+        assert res is not None and len(res.streamed) > 100 and res.resident_bytes <= 40 << 20
+        streamed = logits_of(s, prompt, 3)
+    assert streamed[0] == resident[0]
+    for a, b in zip(streamed[1], resident[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    if kind == "host":
+        assert dev.mem.live_bytes == 0  # everything the session allocated was freed when it closed
+
+
+@pytest.mark.parametrize("order,dropped", [("behind", "compute"), ("ahead", "copy")])
+def test_the_host_model_catches_a_missing_wait(order: str, dropped: str, smollm2_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The instrument can fail: dropping the kernels' wait for their piece's copy (with the copies lagging), or
+    the copy's wait for the kernels that read the slot before (with the copies running ahead), gives wrong logits
+    on the host model — as it would on a GPU, only sometimes."""
+    on_host_model(monkeypatch)
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64, gpu_budget_bytes=40 << 20) as s:
+        prompt = s.tokenize(PROMPT)
+        good = s.forward(prompt)
+    dev = on_host_model(monkeypatch, order=order)
+    real_wait = dev.wait
+    skipped = []
+
+    def wait(stream: Any, event: Any) -> None:  # the executor's compute stream is made first (1), its copies' next
+        if stream.index == (1 if dropped == "compute" else 2):
+            skipped.append(stream.index)
+            return
+        real_wait(stream, event)
+    monkeypatch.setattr(dev, "wait", wait)
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64, gpu_budget_bytes=40 << 20) as s:
+        bad = s.forward(prompt)
+    assert skipped and not np.allclose(bad, good, atol=1e-2)
+
+
+def test_batched_rows_are_each_rows_own_run(kind: str, smollm2_path: Path, request: pytest.FixtureRequest) -> None:
+    """A KVBatch decode step (one row per sequence, each attending over its own cache; the model's graph, which
+    keeps every row's logits) gives every row the logits of that sequence's step alone, bit for bit on the host
+    model; rows leave and join between steps."""
+    from uaii.loaders import load_model
+    from uaii.storage import MmapStore
+
+    model = load_model(smollm2_path)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 49152, n).tolist() for n in (3, 9, 5, 1)]
+    with MmapStore(model.weights) as store:
+        dev = HostDevice() if kind == "host" else request.getfixturevalue("gpu")
+        exe = CudaBackend(device=dev).compile(model.graph, None, store, max_tokens=16)
+        try:
+            states, twins = [], []
+            for ids in prompts:
+                for group in (states, twins):
+                    st = exe.new_state(64)
+                    first = st.reserve(len(ids))
+                    exe.run({"tokens": np.array(ids), "positions": np.arange(first, first + len(ids))}, st)
+                    group.append(st)
+            batch = KVBatch()
+            rows = [0, 1, 2]
+            for step in range(3):
+                if step == 2:
+                    rows = [2, 3, 0]
+                batch.set([states[i] for i in rows])
+                ids = rng.integers(0, 49152, len(rows))
+                pos = [states[i].reserve(1) for i in rows]
+                got = exe.run({"tokens": ids, "positions": np.array(pos)}, batch)["logits"]
+                for r, i in enumerate(rows):
+                    want = exe.run({"tokens": ids[r:r + 1], "positions": np.array([twins[i].reserve(1)])},
+                                   twins[i])["logits"]
+                    if kind == "host":
+                        np.testing.assert_array_equal(got[r], want[0])
+                    else:  # a GEMV of 2 or 4 rows is another instantiation: its sums may contract differently
+                        np.testing.assert_allclose(got[r], want[0], rtol=0, atol=1e-4)
+            assert [st.length for st in states] == [t.length for t in twins]
+        finally:
+            exe.close()
+
+
+def test_a_windowed_f16_cache_matches_the_cpu(kind: str, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             request: pytest.FixtureRequest, cpu_runs: Runs) -> None:
+    """A resident window of 16 tokens + 4 sinks in an f16 cache: 24 steps compact it (device copies through a
+    scratch buffer), and the tokens and logits follow the CPU's exact path with the same window and cache type (to
+    2e-2: the halves the two keep are the same, the sums over them are ordered differently)."""
+    on_device(kind, monkeypatch, request)
+    opts: dict[str, Any] = {"max_context": 64, "kv_window": 16, "kv_sinks": 4, "kv_dtype": "f16", "max_batch": 8}
+    with Session(smollm2_path, device="cuda", plan_cache=False, **opts) as s:
+        prompt = s.tokenize(PROMPT)
+        got = logits_of(s, prompt, 24)
+    assert_close(got, cpu_exact(smollm2_path, cpu_runs, prompt, 24, **opts), tol=2e-2)
+
+
+def test_what_it_cannot_run_is_refused_naming_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op the backend does not lower, and a supported op in a form it does not run (a product by an activation),
+    are refused at compile time with the node's name — never run in part."""
+    from uaii.backends.base import ArrayWeights
+    from uaii.ir import DType, Node, Tensor, make_graph
+
+    on_host_model(monkeypatch)
+    backend = registry._instances["cuda"]
+    soft = make_graph("soft", [Node("soft", "Softmax", ("x",), ("y",), {"axis": -1})],
+                      [Tensor("x", DType.F32, (4, 32)), Tensor("y", DType.F32, (4, 32))], ["x"], ["y"])
+    with pytest.raises(UnsupportedOpError, match="soft"):
+        backend.compile(soft, None, ArrayWeights(), kv_state=False)
+    mm = make_graph("mm", [Node("mm", "MatMul", ("x", "w"), ("y",), {"transpose_b": True})],
+                    [Tensor("x", DType.F32, (4, 32)), Tensor("w", DType.F32, (32, 32)),
+                     Tensor("y", DType.F32, (4, 32))], ["x", "w"], ["y"])
+    with pytest.raises(BackendError, match=r"'mm'.*2-D weight stored"):
+        backend.compile(mm, None, ArrayWeights(), kv_state=False)
+    w = np.random.default_rng(1).standard_normal((48, 64)).astype(np.float32)
+    ok = make_graph("mm", [Node("mm", "MatMul", ("x", "w"), ("y",), {"transpose_b": True})],
+                    [Tensor("x", DType.F32, (3, 64)), Tensor("w", DType.F32, (48, 64), is_weight=True),
+                     Tensor("y", DType.F32, (3, 48))], ["x"], ["y"])
+    x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
+    exe = backend.compile(ok, None, ArrayWeights({"w": w}), kv_state=False)
+    np.testing.assert_allclose(exe.run({"x": x})["y"], x @ w.T, rtol=1e-5, atol=1e-5)
+    exe.close()
+
+
+def test_memory_and_states_are_checked(kind: str, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      request: pytest.FixtureRequest) -> None:
+    """The arena is the plan's; a state of another backend is refused before anything runs."""
+    on_device(kind, monkeypatch, request)
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64) as s:
+        exe = s._exe
+        mem = exe.memory()
+        assert mem.device == "device" and mem.arena_bytes == s.plan.arena.size
+        assert 80 << 20 < mem.weight_bytes < 100 << 20
+        with Session(smollm2_path, plan_cache=False, max_context=64) as c:
+            cpu_state = c._exe.new_state(8)
+            with pytest.raises(BackendError, match="KV state of this executable's device"):
+                exe.run({"tokens": np.array([1]), "positions": np.array([0])}, cpu_state)
