@@ -23,7 +23,7 @@ PYTEST_FLAGS ?= -q
 # test-<pkg> and isolation-<pkg> are pattern rules, so they are not listed: make never looks for an implicit rule
 # for a .PHONY target (`make test-ir` did nothing while they were). No file of those names exists.
 .PHONY: help uv setup demo-env demo capi test lint typecheck pytest pytest-rest isolation gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage bench-kv bench-accuracy bench-gpu bench-serve bench-scale bench-ray clean
+        bench-generate bench-storage bench-kv bench-accuracy bench-gpu check-cuda bench-serve bench-scale bench-ray clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -115,6 +115,13 @@ bench-accuracy: setup ## KL of the default GEMM from the exact one vs llama.cpp'
 
 bench-gpu: setup ## WebGPU on whatever adapter exists: GEMV GB/s per type vs its copy bandwidth, tok/s vs the CPU (GPU_ARGS=--quick)
 	$(PY) bench/bench_gpu.py $(GPU_ARGS)
+
+CUDA_TESTS = tests/backends/test_cuda_kernels.py tests/backends/test_cuda_reference.py tests/runtime/test_cuda_executable.py
+
+check-cuda: setup ## on a machine with an NVIDIA GPU: the CUDA tests, none skipped for want of a device, then the CUDA part of bench-gpu
+	$(PY) -m pytest -q -rs -p no:cacheprovider $(CUDA_TESTS) 2>&1 | tee /tmp/uaii-check-cuda.log; \
+	  test $${PIPESTATUS[0]} -eq 0 && ! grep -q "no CUDA device" /tmp/uaii-check-cuda.log
+	$(PY) bench/bench_gpu.py --cuda-only $(GPU_ARGS)
 
 bench-serve: setup ## uaii serve on SmolLM2: aggregate decode tok/s of 4 concurrent streaming clients vs 1 (goal >= 2.5x)
 	$(PY) bench/bench_serve.py $(SERVE_ARGS)

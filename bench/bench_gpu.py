@@ -8,8 +8,11 @@
    ``uaii bench --json`` in its own process (a driver crash or an op the backend does not lower yet is that row's
    error, never the end of the benchmark), with the same prompt, tokens and KV cache (f32, unbounded) on both.
 
-0. First, where a CUDA device exists (and uaii-backends[cuda] is installed): the CUDA backend's GEMV kernels per type
-   (weight GB/s) against a device-to-device copy measured in the same run (``--cuda-only``: this part alone).
+0. First, where a CUDA device exists (and uaii-backends[cuda] is installed), the CUDA backend (``--cuda-only``: this
+   part alone): its GEMV kernels per type (weight GB/s) against a device-to-device copy measured in the same run
+   (goal >= 0.7 for Q4), the int8 prefill GEMM's TOPS, prefill/decode tok/s of both models on cuda (``uaii bench
+   --device cuda``, each in its own process), and SmolLM2 under a 24 MiB device budget: the streamed bytes of a
+   decode step per second against the page-locked host -> device copy measured in the same run (goal >= 0.8).
 
 On a software adapter (lavapipe) the numbers only show that everything runs: it is the CPU emulating a GPU.
 
@@ -124,7 +127,8 @@ def bench_command(path: Path, device: str, prompt_tokens: int, gen_tokens: int) 
 
 
 def model_rows(keys: list[str], prompt_tokens: int, gen_tokens: int, timeout: float,
-               find: Callable[[str], Path], runner: Runner = run_json) -> list[dict[str, Any]]:
+               find: Callable[[str], Path], runner: Runner = run_json,
+               devices: tuple[str, ...] = DEVICES) -> list[dict[str, Any]]:
     """One row per (model, device): prefill/decode tok/s, or the error (a model that cannot be found, a run that
     fails)."""
     rows = []
@@ -133,9 +137,9 @@ def model_rows(keys: list[str], prompt_tokens: int, gen_tokens: int, timeout: fl
         try:
             path = find(key)
         except Exception as exc:
-            rows += [{"model": label, "device": d, "error": f"model not found: {first_line(exc)}"} for d in DEVICES]
+            rows += [{"model": label, "device": d, "error": f"model not found: {first_line(exc)}"} for d in devices]
             continue
-        for device in DEVICES:
+        for device in devices:
             print(f"[bench-gpu] {label} on {device} ...", file=sys.stderr, flush=True)
             res = runner(bench_command(path, device, prompt_tokens, gen_tokens), timeout)
             rows.append({**res, "model": label, "device": device})
@@ -240,17 +244,56 @@ def measure_cuda(quick: bool) -> dict[str, Any] | None:
     types = CUDA_TYPES[:2] if quick else CUDA_TYPES
     with CudaDevice.open() as dev:
         copy = measure.copy_bandwidth(dev, 256 * MiB, 20)
+        h2d = measure.h2d_bandwidth(dev, 256 * MiB, 10)
         rows = []
         for t in types:
             for name, n, k in shapes:
                 gb = measure.gemv_bandwidth(dev, DType(t), n, k, 20)
                 rows.append({"type": t, "shape": name, "gb_s": gb, "x_copy": gb / copy})
+        mmq = [{"type": t, "shape": "4096x4096", "rows": m, "tops": measure.mmq_rate(dev, DType(t), 4096, 4096, m)}
+               for t in types for m in (64, 512)]
         out = {"device": dev.name, "capability": list(dev.capability), "arch": dev.arch, "copy_gb_s": copy,
-               "gemv": rows, "date": datetime.date.today().isoformat()}
+               "h2d_gb_s": h2d, "gemv": rows, "mmq": mmq, "date": datetime.date.today().isoformat()}
     print(f"CUDA: {out['device']} ({out['arch']}), {out['date']}; device-to-device copy (bytes read + written) "
-          f"{copy:.0f} GB/s")
+          f"{copy:.0f} GB/s; page-locked host -> device {h2d:.1f} GB/s")
     for r in rows:
         print(f"  GEMV {r['type']:5s} {r['shape']:12s} {r['gb_s']:7.0f} GB/s  {r['x_copy']:.2f}x copy")
+    for r in mmq:
+        print(f"  int8 GEMM {r['type']:5s} {r['shape']} x {r['rows']:3d} rows {r['tops']:6.1f} TOPS")
+    out["streaming"] = cuda_streaming(h2d, quick)
+    return out
+
+
+def cuda_streaming(h2d: float, quick: bool) -> dict[str, Any]:
+    """SmolLM2 under a device budget of a quarter of its weights (the rest streams through the staging slots every
+    step): decode tok/s resident and streamed, and the streamed bytes per second of a decode step against the
+    page-locked copy bandwidth (issue #18's goal: >= 0.8)."""
+    import time
+
+    import numpy as np
+
+    from uaii.runtime import Session
+
+    path = model_path("smollm2")
+    steps = 8 if quick else 32
+    out: dict[str, Any] = {"model": MODELS["smollm2"], "h2d_gb_s": h2d}
+    for label, extra in (("resident", {}), ("streamed", {"gpu_budget_bytes": 24 * MiB})):
+        with Session(path, device="cuda", plan_cache=False, max_context=256, max_batch=32, **extra) as s:
+            logits = s.forward(s.tokenize("The capital of France is"))
+            t = int(np.argmax(logits))
+            start = time.perf_counter()
+            for _ in range(steps):
+                t = int(np.argmax(s.forward([t])))
+            per_step = (time.perf_counter() - start) / steps
+            out[f"{label}_tok_s"] = 1 / per_step
+            if extra:
+                res = s.device_residency
+                out["streamed_bytes"] = res.streamed_bytes if res is not None else 0
+                out["effective_h2d_gb_s"] = out["streamed_bytes"] / per_step / 1e9
+                out["x_h2d"] = out["effective_h2d_gb_s"] / h2d
+    print(f"  streaming {out['model']}: resident {out['resident_tok_s']:.1f} tok/s, under a 24 MiB device budget "
+          f"{out['streamed_tok_s']:.1f} tok/s streaming {out['streamed_bytes'] / MiB:.0f} MiB a step = "
+          f"{out['effective_h2d_gb_s']:.1f} GB/s ({out['x_h2d']:.2f}x the page-locked copy)")
     return out
 
 
@@ -273,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     cuda = None if args.no_gemv else measure_cuda(args.quick)
+    if cuda is not None and not args.no_models:
+        cuda["models"] = model_rows(keys, prompt, gen, args.timeout, model_path, devices=("cuda",))
+        for r in cuda["models"]:
+            print(f"  {r['model']} on cuda: " + (r["error"] if "error" in r else
+                  f"prefill {r.get('prefill_tok_s', 0):.0f} tok/s, decode {r.get('decode_tok_s', 0):.1f} tok/s"))
     if args.cuda_only:
         if args.json:
             Path(args.json).write_text(json.dumps({"cuda": cuda}, indent=2))
