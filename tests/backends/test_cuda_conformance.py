@@ -1,7 +1,7 @@
 """The conformance suite on the cuda backend, run on the host model of a device (and on a CUDA device where one
 exists): every case of an op the backend lowers either passes against the reference evaluator within the case's
 tolerance or is refused at compile time with a BackendError naming the node and the form it does not run (an
-activation times an activation, a broadcast Add, a non-contiguous Slice, attention without a KV cache) — never a
+activation times an activation, integer arithmetic, a non-contiguous Slice, an attention mask input) — never a
 wrong number. Ops it does not lower at all are refused by name (UnsupportedOpError)."""
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ def test_case_passes_or_is_refused_by_name(case: Case, backend: Any) -> None:
 
 
 def test_the_lowered_forms_cover_the_decoder_models() -> None:
-    """What SmolLM2, Gemma-3 and the llama family need passes on the host model (a count that only grows)."""
+    """What the decoder families need passes on the host model: 109 of the 123 cases of the lowered ops (2026-12-03;
+    a count that only grows)."""
     backend = CudaBackend(device=HostDevice())
     passed = {c.id for c in cases() if c.op in OPS and run_case(backend, c).ok}
-    assert len(passed) >= 57, sorted(passed)
-    for op in ("Embedding", "RMSNorm", "AddRMSNorm", "GroupedMatMul", "SwiGLU", "GeGLU", "Reshape"):
+    assert len(passed) >= 109, sorted(passed)
+    for op in ("Embedding", "RMSNorm", "AddRMSNorm", "LayerNorm", "GroupedMatMul", "SwiGLU", "GeGLU", "Reshape",
+               "Split", "MoERouter", "MoEExperts", "RoPE"):
         assert any(p.startswith(f"{op}/") for p in passed), op
 
 

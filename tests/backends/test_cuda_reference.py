@@ -200,16 +200,103 @@ def test_glus_on_a_fused_gate_up_row(dev: HostDevice, rng: np.random.Generator) 
                                    atol=1e-5)
 
 
-def test_add_and_mul_bcast_are_exact(dev: HostDevice, rng: np.random.Generator) -> None:
+def test_add_and_bcast_are_exact(dev: HostDevice, rng: np.random.Generator) -> None:
+    """add of equal shapes; bcast with a row (a bias, a scale), a column (a gate per row) and one value."""
     a, b = rng.standard_normal((2, 3, 100)).astype(np.float32)
     da, db, dy = dev.upload(a), dev.upload(b), _filled(dev, 300)
     dev.launch("ops", "add", geometry.elementwise(300), da, db, dy, Long(300))
     assert np.array_equal(dev.download(dy, (3, 100), np.float32), a + b)
-    dev.launch("ops", "mul_bcast", geometry.elementwise(300), da, dev.upload(b[0]), Long(100), Long(300), dy)
-    assert np.array_equal(dev.download(dy, (3, 100), np.float32), a * b[0])
+    row, col = dev.upload(b[0]), dev.upload(b[:, :1].copy())
+    for op, fn in ((0, np.add), (1, np.multiply)):
+        dev.launch("ops", "bcast", geometry.elementwise(300), da, row, Long(100), Long(1), Long(300), dy, Int(op))
+        assert np.array_equal(dev.download(dy, (3, 100), np.float32), fn(a, b[0]))
+        dev.launch("ops", "bcast", geometry.elementwise(300), da, col, Long(3), Long(100), Long(300), dy, Int(op))
+        assert np.array_equal(dev.download(dy, (3, 100), np.float32), fn(a, b[:, :1]))
     one = dev.upload(np.array([1.5], np.float32))
-    dev.launch("ops", "mul_bcast", geometry.elementwise(300), da, one, Long(1), Long(300), dy)
+    dev.launch("ops", "bcast", geometry.elementwise(300), da, one, Long(1), Long(1), Long(300), dy, Int(1))
     assert np.array_equal(dev.download(dy, (3, 100), np.float32), a * np.float32(1.5))
+
+
+def test_unary_activations(dev: HostDevice, rng: np.random.Generator) -> None:
+    """sigmoid, gelu (erf and tanh), silu, tanh, relu, neg and exp against uaii-ir's references."""
+    from uaii.ir.reference.elementwise import exp, gelu, neg, relu, sigmoid, silu, tanh
+
+    x = (rng.standard_normal(500) * 4).astype(np.float32)
+    dx, dy = dev.upload(x), _filled(dev, 500)
+    for op, want in ((0, sigmoid(x)), (1, gelu(x)), (2, gelu(x, approximate="tanh")), (3, silu(x)), (4, tanh(x)),
+                     (5, relu(x)), (6, neg(x)), (7, exp(x))):
+        dev.launch("ops", "unary", geometry.elementwise(500), dx, Long(500), dy, Int(op))
+        np.testing.assert_allclose(dev.download(dy, (500,), np.float32), want, rtol=2e-6, atol=2e-6)
+
+
+def test_copy_rows_and_layer_norm(dev: HostDevice, rng: np.random.Generator) -> None:
+    """A Split along the last axis as row copies; LayerNorm with and without a bias against uaii-ir's reference."""
+    from uaii.ir.reference.norm import layer_norm
+
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    dx, dy = dev.upload(x), _filled(dev, 5 * 32)
+    dev.launch("ops", "copy_rows", geometry.elementwise(5 * 32), Ptr(dx.ptr + 4 * 32), Long(96), dy, Long(32), Int(5),
+               Int(32))
+    assert np.array_equal(dev.download(dy, (5, 32), np.float32), x[:, 32:64])
+    w, b = rng.standard_normal((2, 96)).astype(np.float32)
+    dw, db, dz = dev.upload(w), dev.upload(b), _filled(dev, 5 * 96)
+    for bias, ptr in ((b, db), (None, NULL)):
+        dev.launch("ops", "layer_norm", geometry.norm(5), dx, dw, ptr, dz, Int(96), Flt(1e-5))
+        np.testing.assert_allclose(dev.download(dz, (5, 96), np.float32), layer_norm(x, w, bias, eps=1e-5),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scoring,normalize", [("softmax", True), ("softmax", False), ("sigmoid", True)])
+def test_moe_route_picks_the_references_experts(scoring: str, normalize: bool, dev: HostDevice,
+                                                rng: np.random.Generator) -> None:
+    """Top-k of softmax or sigmoid scores, best first, ties to the lower index (tied logits included)."""
+    from uaii.ir.reference.moe import moe_router
+
+    tokens, experts, k = 9, 8, 3
+    z = rng.standard_normal((tokens, experts)).astype(np.float32)
+    z[0, :] = 0.5  # every expert tied
+    z[1, 2] = z[1, 5] = z[1].max() + 1  # two tied best
+    dw, di = _filled(dev, tokens * k), dev.upload(np.full(tokens * k, -9, np.int32))
+    dev.launch("moe", "moe_route", geometry.elementwise(tokens), dev.upload(z), Int(tokens), Int(experts), Int(k),
+               Int(int(normalize)), Int(int(scoring == "sigmoid")), dw, di)
+    want_w, want_i = moe_router(z, n_experts=experts, top_k=k, normalize=normalize, scoring=scoring)
+    assert np.array_equal(dev.download(di, (tokens, k), np.int32), want_i)
+    np.testing.assert_allclose(dev.download(dw, (tokens, k), np.float32), want_w, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.Q4_0, DType.Q4_K], ids=lambda t: t.value)
+def test_expert_products_and_their_sum(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
+    """gemv_idx over a bank for each (token, slot) pair's expert — the whole bank, and a piece of experts
+    [2, 4) that computes only its pairs — then moe_combine, against the dequantized experts in numpy."""
+    experts, rows, cols, tokens, k = 5, 40, 256, 3, 2
+    bank = np.concatenate([random_weight(dtype, rows, cols, seed=e) for e in range(experts)])
+    per = dtype.nbytes(rows * cols)
+    dense = [K.dequantize(bank[e * per:(e + 1) * per], dtype, rows * cols).reshape(rows, cols)
+             for e in range(experts)]
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    idx = np.array([[3, 0], [2, 3], [4, 2]], np.int32)
+    pairs = tokens * k
+    at = Launch((geometry.gemv(rows).grid[0], pairs, 1), (geometry.WARP, geometry.GEMV_WARPS, 1))
+    dbank, dx, didx, dy = dev.upload(bank), dev.upload(x), dev.upload(idx), _filled(dev, pairs * rows)
+    dev.launch("gemv", f"gemv_idx_{TYPES[dtype][1]}", at, dbank, Long(per), Long(dtype.nbytes(cols)), Int(rows),
+               Int(cols), dx, Long(cols), Int(k), didx, Int(0), Int(experts), dy, Long(rows))
+    want = np.stack([dense[idx[s // k, s % k]] @ x[s // k] for s in range(pairs)])
+    got = dev.download(dy, (pairs, rows), np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    piece = dev.upload(bank[2 * per:4 * per])  # experts [2, 4) as one streamed piece
+    dz = _filled(dev, pairs * rows)
+    dev.launch("gemv", f"gemv_idx_{TYPES[dtype][1]}", at, piece, Long(per), Long(dtype.nbytes(cols)), Int(rows),
+               Int(cols), dx, Long(cols), Int(k), didx, Int(2), Int(4), dz, Long(rows))
+    part = dev.download(dz, (pairs, rows), np.float32)
+    mine = np.isin(idx.reshape(-1), [2, 3])
+    np.testing.assert_allclose(part[mine], want[mine], rtol=1e-4, atol=1e-4)
+    assert (part[~mine] == SENTINEL).all()
+    w = rng.random((tokens, k)).astype(np.float32)
+    dout = _filled(dev, tokens * rows)
+    dev.launch("moe", "moe_combine", geometry.elementwise(tokens * rows), dy, dev.upload(w), Int(tokens), Int(k),
+               Int(rows), dout)
+    np.testing.assert_allclose(dev.download(dout, (tokens, rows), np.float32),
+                               (w[:, :, None] * got.reshape(tokens, k, rows)).sum(axis=1), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("neox", [0, 1])
@@ -220,7 +307,7 @@ def test_rope_in_place_with_partial_rotary_dims(neox: int, dev: HostDevice, rng:
     inv = K.rope_inv_freq(n_rot, 500000.0)
     dx = dev.upload(x)
     dev.launch("ops", "rope", geometry.elementwise(rows * heads * n_rot // 2), dx, dev.upload(pos), dev.upload(inv),
-               Int(rows), Int(heads), Int(d), Int(n_rot), Int(neox))
+               Int(rows), Int(heads), Int(d), Int(n_rot), Int(neox), Flt(1.0))
     got = dev.download(dx, x.shape, np.float32)
     np.testing.assert_allclose(got, K.rope(x, pos, inv, neox=bool(neox)), rtol=1e-6, atol=1e-6)
     assert np.array_equal(got[..., n_rot:], x[..., n_rot:])

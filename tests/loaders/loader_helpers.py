@@ -178,6 +178,24 @@ def save_tiny(arch: str, out: Path, max_shard_size: str | None = None, bf16: boo
     return out
 
 
+BERT_TOKENS = np.array([5, 9, 2, 17, 33, 4, 8], np.int64)
+
+
+def bert_case(d: Path) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """The feeds of a Session run of the tiny BERT in ``d`` (BERT_TOKENS, segment 0) and transformers' last hidden
+    state and pooled output for them: what a backend's BERT must give."""
+    import torch
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(d, attn_implementation="eager").eval()
+    ids = torch.from_numpy(BERT_TOKENS)[None]
+    with torch.no_grad():
+        want = model(ids, token_type_ids=torch.zeros_like(ids))
+    feeds = {"tokens": BERT_TOKENS, "positions": np.arange(len(BERT_TOKENS), dtype=np.int64),
+             "token_types": np.zeros(len(BERT_TOKENS), dtype=np.int64)}
+    return feeds, want.last_hidden_state[0].numpy(), want.pooler_output.numpy()
+
+
 # --- a minimal HF → GGUF converter, following llama.cpp's convert_hf_to_gguf conventions -------------------------
 GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
 _PERMUTED = {"llama", "mistral", "mixtral"}

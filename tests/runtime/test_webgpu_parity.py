@@ -58,14 +58,8 @@ def test_decoder_matches_transformers_on_webgpu(tmp_path: Path, arch: str) -> No
 
 def test_bert_matches_transformers_on_webgpu(tmp_path: Path) -> None:
     d = H.save_tiny("bert", tmp_path / "bert")
-    tokens = np.array([5, 9, 2, 17, 33, 4, 8], np.int64)
-    model = transformers.BertModel.from_pretrained(d, attn_implementation="eager").eval()
-    ids = torch.from_numpy(tokens)[None]
-    with torch.no_grad():
-        want = model(ids, token_type_ids=torch.zeros_like(ids))
-    feeds = {"tokens": tokens, "positions": np.arange(len(tokens), dtype=np.int64),
-             "token_types": np.zeros(len(tokens), dtype=np.int64)}
+    feeds, hidden, pooled = H.bert_case(d)
     with Session(d, device="webgpu", plan_cache=False) as s:
         got = s.run(feeds)
-    np.testing.assert_allclose(got["hidden_states"], want.last_hidden_state[0].numpy(), rtol=TOL, atol=TOL)
-    np.testing.assert_allclose(got["pooled"], want.pooler_output.numpy(), rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(got["hidden_states"], hidden, rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(got["pooled"], pooled, rtol=TOL, atol=TOL)

@@ -178,6 +178,28 @@ def weight_key(t: Tensor) -> str:
     return str(t.weight) if t.weight is not None else t.name
 
 
+def per_expert(t: Tensor) -> bool:
+    """Whether ``t`` is an expert bank stored as one tensor per expert (an ``experts.*`` reference, as HF checkpoints
+    have): a store serves it expert by expert (``#e=N``), never whole."""
+    return t.weight is not None and len(t.shape) == 3 and "*" in str(t.weight)
+
+
+def gather_experts(source: WeightSource, t: Tensor, start: int, stop: int, *, release: bool) -> np.ndarray:
+    """Experts ``[start, stop)`` of a bank stored per expert, their stored bytes in one host buffer; with
+    ``release`` each is released once copied (else the caller releases them: they stay acquired)."""
+    assert t.weight is not None
+    parts = []
+    for e in range(start, stop):
+        ref = str(t.weight.with_expert(e))
+        try:
+            parts.append(np.ascontiguousarray(source.acquire(ref)).reshape(-1).view(np.uint8).copy()
+                         if release else np.ascontiguousarray(source.acquire(ref)).reshape(-1).view(np.uint8))
+        finally:
+            if release:
+                source.release(ref)
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
 def plan_graph(graph: Graph, plan: ExecutionPlan) -> Graph:
     """The graph a plan's steps describe: one node per step, in step order (fused nodes included), over the
     tensors of ``graph`` (fusion only removes values, so every value a step names is declared there). Each node is

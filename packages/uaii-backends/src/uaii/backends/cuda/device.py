@@ -130,8 +130,11 @@ class CudaDevice:
         return buf
 
     def free(self, buf: DeviceBuffer) -> None:
+        """Free after the queued work (which may still read it) is done: frees are rare (a buffer grows, an
+        executable or a state closes), so the synchronization costs nothing that matters."""
         if self._buffers.pop(buf.ptr, None) is not None:
             cu = _driver()
+            _ok(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")
             _ok(cu, cu.cuMemFree(buf.ptr), "cuMemFree")
 
     def alloc_host(self, nbytes: int) -> np.ndarray:
@@ -148,6 +151,7 @@ class CudaDevice:
         ptr = self._pinned.pop(id(array), None)
         if ptr is not None:
             cu = _driver()
+            _ok(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")  # a queued copy may still read it
             _ok(cu, cu.cuMemFreeHost(ptr), "cuMemFreeHost")
 
     def upload(self, array: np.ndarray) -> DeviceBuffer:

@@ -15,11 +15,8 @@ read the slot's previous piece; those kernels wait for their piece's copy), so t
 the host while a copy is in flight. A streamed Embedding table is read on the host: only the rows the tokens
 select are copied.
 
-What a node lowers to (anything else is refused at compile time, naming the node): Embedding (``rows_<type>``),
-RMSNorm / AddRMSNorm, MatMul and GroupedMatMul on a 2-D weight stored ``[N, K]`` (GEMV for up to 8 activation rows,
-the int8 ``mmq_<type>`` beyond on the block types), RoPE, cached causal Attention (``kv_store`` + the three
-attention kernels over per-row tables: a prefill of n tokens is n rows over one cache), SwiGLU, GeGLU, Add, Mul by
-a broadcast constant row, Reshape/Identity (views) and contiguous Slice (a device copy).
+What each node lowers to is :mod:`uaii.backends.cuda.lower`'s (anything else is refused at compile time, naming
+the node).
 """
 
 from __future__ import annotations
@@ -33,7 +30,14 @@ from typing import Any
 import numpy as np
 
 from uaii.backends.analysis import KvLayout, NodeInfo, VType, feed_types, infer_types, kv_layout, token_shapes
-from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
+from uaii.backends.base import (
+    BackendError,
+    ExecutableMemory,
+    WeightSource,
+    gather_experts,
+    per_expert,
+    weight_key,
+)
 from uaii.backends.cuda.kv_state import CudaKVState
 from uaii.backends.kv_book import KVBatch
 from uaii.backends.webgpu.arena import lay_out, uncovered
@@ -145,6 +149,8 @@ class CudaExecutable:
     # --- weights ---------------------------------------------------------------------------------------------
     def _host(self, name: str) -> np.ndarray:
         t = self._tmap[name]
+        if per_expert(t):  # an HF bank: one tensor per expert, gathered
+            return gather_experts(self._source, t, 0, int(t.shape[0]), release=True)
         if t.is_constant:
             assert t.data is not None
             raw = np.frombuffer(t.data, np.uint8)
@@ -156,11 +162,15 @@ class CudaExecutable:
             self._source.release(ref)
 
     def _form(self, name: str, form: str, data: np.ndarray) -> np.ndarray:
-        """Host bytes of a weight (or rows of it) in ``form``: ``packed`` (stored bytes, for the decoders) or
-        ``f32`` (values, for norms and products by a row)."""
+        """Host bytes of a weight (or rows of it) in ``form``: ``packed`` (stored bytes, for the decoders),
+        ``packed_t`` (a plain [K, N] weight transposed to the [N, K] the GEMV reads) or ``f32`` (values, for norms
+        and products by a row)."""
         t = self._tmap[name]
         if form == "packed":
             return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if form == "packed_t":  # a plain [K, N] weight as the GEMV reads it: [N, K], its own element type
+            k, n = (int(d) for d in t.shape)
+            return np.ascontiguousarray(np.asarray(data).reshape(k, n).T).reshape(-1).view(np.uint8)
         if t.dtype.is_quantized:
             from uaii.kernels import dequantize
 
@@ -182,6 +192,7 @@ class CudaExecutable:
         """A streamed weight as pieces of whole rows, each at most ``chunk_bytes`` (at least one row)."""
         t = self._tmap[name]
         shape = tuple(int(d) for d in t.shape)
+        shape = shape[::-1] if form == "packed_t" else shape
         rows = shape[0] if len(shape) > 1 else 1
         per = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else int(np.prod(shape, dtype=np.int64))
         row_bytes = t.dtype.nbytes(per) if form == "packed" else 4 * per
@@ -204,6 +215,10 @@ class CudaExecutable:
                 return table.reshape(shape[0], -1)[ids].reshape(-1)
             finally:
                 self._source.release(ref)
+        if per_expert(t):
+            return gather_experts(self._source, t, p.start, p.stop, release=True)
+        if p.form == "packed_t":  # rows of the transpose: the whole weight is read and transposed
+            return self._form(p.name, p.form, self._host(p.name)).reshape(shape[1], -1)[p.start:p.stop].reshape(-1)
         whole = p.start == 0 and p.stop == (shape[0] if len(shape) > 1 else 1)
         key = ref if whole or t.weight is None or len(shape) < 2 else rows_ref(ref, p.start, p.stop)
         try:

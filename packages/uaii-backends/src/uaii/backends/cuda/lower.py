@@ -3,8 +3,10 @@
 Why apart from the executable: this is the part that turns shapes and attributes into kernel arguments (row
 counts, leading dimensions, table offsets, which rows a streamed piece covers), where one wrong number is a wrong
 token, not an error — so it is a list of small functions, one per op, each checked against the CPU backend through
-the host model (tests/backends/test_cuda_executable.py). A node this backend cannot run in the form given (a weight
-stored [K, N], K not a multiple of 32, a non-contiguous slice) is a BackendError naming it, at compile time.
+the host model (tests/runtime/test_cuda_executable.py, test_cuda_parity.py, tests/backends/test_cuda_conformance.py).
+A node this backend cannot run in the form given (a block-quantized weight stored [K, N], K not a multiple of 32, a
+non-contiguous slice, integers through a float kernel) is a BackendError naming it, at compile time. The ops and
+forms are listed in docs/backends.md.
 """
 
 from __future__ import annotations
@@ -30,13 +32,34 @@ if TYPE_CHECKING:
 c_int, c_ll, c_f, c_p = ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_uint64
 SCORES_BYTES = 64 << 20
 """The most bytes of attention scores one launch of the attention kernels writes; more rows run in chunks."""
-OPS = frozenset({"Embedding", "RMSNorm", "AddRMSNorm", "MatMul", "GroupedMatMul", "RoPE", "Attention", "SwiGLU",
-                 "GeGLU", "Add", "Mul", "Reshape", "Identity", "Slice"})
+UNARY = {"Sigmoid": 0, "Silu": 3, "Tanh": 4, "Relu": 5, "Neg": 6, "Exp": 7}
+"""Element-wise ops and their ``op`` code in ops.cu's ``unary`` (Gelu takes 1 or 2 by its ``approximate``)."""
+OPS = frozenset({"Embedding", "RMSNorm", "AddRMSNorm", "LayerNorm", "MatMul", "GroupedMatMul", "RoPE", "Attention",
+                 "SwiGLU", "GeGLU", "Add", "Mul", "Gelu", *UNARY, "Reshape", "Identity", "Slice", "Split",
+                 "MoERouter", "MoEExperts", "MoEExpertsSwiGLU"})
 """The ops the CUDA executable lowers (Capabilities.ops)."""
 
 
 def _count(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64))
+
+
+def _broadcast_run(b: tuple[int, ...], out: tuple[int, ...]) -> tuple[int | None, int]:
+    """(nb, inner) when ``b`` broadcast to ``out`` (right-aligned) is one run of ``out``'s dims with ones around it
+    — b's values repeat every ``inner`` elements, ``nb`` of them cycling — else (None, 0)."""
+    if len(b) > len(out):
+        return None, 0
+    full = (1,) * (len(out) - len(b)) + tuple(b)
+    kept = [i for i, (bd, od) in enumerate(zip(full, out, strict=True)) if bd != 1 or od == 1]
+    live = [i for i in kept if full[i] != 1]
+    if any(full[i] != out[i] for i in live):
+        return None, 0
+    if not live:
+        return 1, 1
+    lo, hi = live[0], live[-1]
+    if any(full[i] == 1 and out[i] != 1 for i in range(lo, hi + 1)):
+        return None, 0
+    return _count(out[lo:hi + 1]), _count(out[hi + 1:])
 
 
 def _on_rows(launch: Callable[[int, int, int], None], piece: Piece) -> Callable[[int], None]:
@@ -105,6 +128,8 @@ class Binder:
         op = node.op
         if op in VIEW_OPS:
             return self.view(info)
+        if op in UNARY:
+            return self._unary(info, UNARY[op])
         fn = getattr(self, f"op_{op}", None)
         if fn is None:
             raise self.fail(f"op {op!r} is not implemented by the cuda backend")
@@ -208,13 +233,17 @@ class Binder:
     def matmul(self, info: NodeInfo, x: str, w: str, y: str) -> None:
         """y[m, :] = x[m, :] . W[n, :] for every row m: GEMV launches of up to 8 rows, or the int8 GEMM beyond 8
         rows on the block types; over each streamed piece, the piece's output columns."""
-        if not self.is_weight(w) or not info.attrs.get("transpose_b", False):
-            raise self.fail("the cuda backend multiplies by a 2-D weight stored [N, K] (transpose_b); an "
-                            "activation or a [K, N] weight is not lowered")
-        t = self.exe.tensor(w)
+        t = self.exe.tensor(w) if self.is_weight(w) else None
+        kn = not info.attrs.get("transpose_b", False)
+        if t is None or (kn and t.dtype.is_quantized):
+            raise self.fail("the cuda backend multiplies by a 2-D weight stored [N, K] (transpose_b), or [K, N] "
+                            "of a plain type (transposed once on upload); an activation or a block-quantized [K, N] "
+                            "weight is not lowered")
         shape = tuple(int(d) for d in t.shape)
+        shape = shape[::-1] if kn else shape
+        form = "packed_t" if kn else "packed"
         if len(shape) != 2 or t.dtype not in TYPES or shape[1] % 32:
-            raise self.fail(f"weight {w!r} is {t.dtype.value} {shape}: the kernels read 2-D "
+            raise self.fail(f"weight {w!r} is {t.dtype.value} {shape} as [N, K]: the kernels read 2-D "
                             f"{', '.join(d.value for d in TYPES)} weights of whole 32-value units")
         n, k = shape
         self.floats(x, y)
@@ -238,7 +267,7 @@ class Binder:
             def gemm(pw: int, r0: int, rows: int) -> None:
                 dev.launch("mmq", f"mmq_{sfx}", geometry.mmq(rows, m), c_p(pw), c_ll(row_bytes), c_int(rows),
                            c_int(k), c_p(pq), c_p(pd), c_p(ps), c_int(m), c_p(py + 4 * r0), c_ll(n), stream=stream)
-            self.weight_reader(w, "packed", n, gemm)
+            self.weight_reader(w, form, n, gemm)
             return
         splits = geometry.gemv_splits(m)
 
@@ -247,7 +276,7 @@ class Binder:
             for start, size in splits:
                 dev.launch("gemv", f"gemv_{sfx}_m{size}", at, c_p(pw), c_ll(row_bytes), c_int(rows), c_int(k),
                            c_p(px + 4 * start * k), c_ll(k), c_p(py + 4 * (start * n + r0)), c_ll(n), stream=stream)
-        self.weight_reader(w, "packed", n, gemv)
+        self.weight_reader(w, form, n, gemv)
 
     def op_RoPE(self, info: NodeInfo) -> None:
         node, attrs = info.node, info.attrs
@@ -255,8 +284,6 @@ class Binder:
         self.floats(x)
         if self.types[pos].dtype.is_float:
             raise self.fail(f"RoPE positions {pos!r} are {self.types[pos].dtype.value} (the kernel reads integers)")
-        if float(attrs["attn_factor"]) != 1.0:
-            raise self.fail(f"RoPE with attn_factor {attrs['attn_factor']} (yarn's scale is not in the kernel)")
         shape = self.types[x].shape
         heads, d = int(shape[-2]), int(shape[-1])
         rot = int(attrs["rotary_dims"]) or d
@@ -272,19 +299,63 @@ class Binder:
             return
         self.copy(py, px, 4 * _count(shape)) if px != py else None
         self.launch("ops", "rope", geometry.elementwise(rows * heads * (rot // 2)), c_p(py), c_p(self.a(pos)),
-                    c_p(inv), c_int(rows), c_int(heads), c_int(d), c_int(rot), c_int(int(attrs["mode"] == "neox")))
+                    c_p(inv), c_int(rows), c_int(heads), c_int(d), c_int(rot), c_int(int(attrs["mode"] == "neox")),
+                    c_f(float(attrs["attn_factor"])))
 
     def op_Attention(self, info: NodeInfo) -> None:
         node, attrs = info.node, info.attrs
+        if len(node.inputs) > 5 and node.inputs[5]:
+            raise self.fail("Attention with a mask input is not lowered by the cuda backend")
+        q, k, v = node.inputs[:3]
+        if len(self.types[q].shape) != 3:
+            raise self.fail(f"Attention over q {self.types[q].shape}: the cuda kernels take [tokens, heads, dim]")
+        self.floats(q, k, v)
         kv = self.exe.kv
-        if kv is None or node.name not in kv.layer:
-            raise self.fail("Attention without a KV cache (the cuda backend runs cached causal attention)")
-        if not attrs["causal"] or (len(node.inputs) > 5 and node.inputs[5]):
-            raise self.fail("non-causal attention or per-head sink logits are not lowered by the cuda backend")
+        if kv is not None and node.name in kv.layer:
+            if not attrs["causal"]:
+                raise self.fail("non-causal attention over a KV cache is not lowered")
+            return self._cached_attention(info)
+        self._attention_over_values(info)
+
+    def _launch_attention(self, info: NodeInfo, rows: int, tables: int, at: dict[str, int], layer: int,
+                          s_max: int) -> None:
+        """The three attention kernels over ``rows`` query rows whose per-row tables are at ``tables`` (laid out as
+        :func:`table_layout` with ``at``; keys and values of table column ``layer``), in chunks of rows whose
+        scores fit SCORES_BYTES; queued on the compute stream now (called by a step, or at bind time)."""
+        node, attrs = info.node, info.attrs
+        q, k, v = node.inputs[:3]
+        hq, d = int(self.types[q].shape[1]), int(self.types[q].shape[2])
+        hkv, dv = int(self.types[k].shape[1]), int(self.types[v].shape[2])
+        scale = float(attrs["scale"]) or 1.0 / math.sqrt(d)
+        window, sinks, softcap = int(attrs["sliding_window"]), int(attrs["sinks"]), float(attrs["softcap"])
+        pq, py, dev, stream = self.a(q), self.a(node.outputs[0]), self.dev, self.exe.stream
+        chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max)))
+        scores = self.exe.scores(4 * chunk * hq * s_max)
+        for r0 in range(0, rows, chunk):
+            rc = min(chunk, rows - r0)
+            at_s, at_m, at_w = geometry.attention(rc, hq, s_max, dv)
+            kcp, vcp = tables + at["k"] + 8 * (layer * rows + r0), tables + at["v"] + 8 * (layer * rows + r0)
+            f16, used = tables + at["f16"] + 4 * r0, tables + at["used"] + 8 * r0
+            qpos, kpos = tables + at["qpos"] + 4 * r0, tables + at["kpos"] + 8 * r0
+            dev.launch("attention", "attn_scores", at_s, c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16), c_p(used),
+                       c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d), c_f(scale), c_f(softcap),
+                       c_int(window), c_int(sinks), c_p(scores), c_ll(s_max), stream=stream)
+            dev.launch("attention", "attn_softmax", at_m, c_p(scores), c_p(used), c_p(0), c_int(hq), c_ll(s_max),
+                       stream=stream)
+            dev.launch("attention", "attn_wsum", at_w, c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq),
+                       c_int(hkv), c_int(dv), c_ll(s_max), c_p(py + 4 * r0 * hq * dv), stream=stream)
+
+    def _cached_attention(self, info: NodeInfo) -> None:
+        """New keys and values into the run's state(s) at their ``used`` slots (kv_store), then attention over
+        the run's tables (filled by the executable each run: a prefill's rows share one cache, a batch's rows are
+        one token of each state)."""
+        node = info.node
+        kv = self.exe.kv
+        assert kv is not None
         layer, n_layers = kv.layer[node.name], len(kv.layers)
         q, k, v = node.inputs[:3]
-        n, hq, d = (int(s) for s in self.types[q].shape)
-        hkv, dv = int(self.types[k].shape[1]), int(self.types[v].shape[2])
+        n = int(self.types[q].shape[0])
+        hkv, d, dv = int(self.types[k].shape[1]), int(self.types[k].shape[2]), int(self.types[v].shape[2])
         if not n:
             return
         self.n_new = n
@@ -292,10 +363,7 @@ class Binder:
         if self.tables is None:
             self.tables = self.dev.alloc(at["size"])
             self.pinned_tables = self.dev.alloc_host(at["size"])
-        scale = float(attrs["scale"]) or 1.0 / math.sqrt(d)
-        window, sinks, softcap = int(attrs["sliding_window"]), int(attrs["sinks"]), float(attrs["softcap"])
-        pq, pk, pv, py = self.a(q), self.a(k), self.a(v), self.a(node.outputs[0])
-        dev, stream, exe, batched = self.dev, self.exe.stream, self.exe, self.batched
+        pk, pv, dev, stream, batched = self.a(k), self.a(v), self.dev, self.exe.stream, self.batched
         tables = int(self.tables.ptr)
         wk, wv = hkv * d, hkv * dv
 
@@ -307,79 +375,244 @@ class Binder:
                 for src, width, cache in ((pk + 4 * r * wk, wk, kc), (pv + 4 * r * wv, wv, vc)):
                     dev.launch("attention", "kv_store", geometry.elementwise(rows * width), c_p(src), c_ll(width),
                                c_int(rows), c_int(width), c_p(cache), c_ll(s.used), c_int(int(s.f16)), stream=stream)
-            s_max = max(s.capacity for s in states)
-            chunk = max(1, min(n, SCORES_BYTES // (4 * hq * s_max)))
-            scores = exe.scores(4 * chunk * hq * s_max)
-            for r0 in range(0, n, chunk):
-                rc = min(chunk, n - r0)
-                at_s, at_m, at_w = geometry.attention(rc, hq, s_max, dv)
-                kcp, vcp = tables + at["k"] + 8 * (layer * n + r0), tables + at["v"] + 8 * (layer * n + r0)
-                f16, used = tables + at["f16"] + 4 * r0, tables + at["used"] + 8 * r0
-                qpos, kpos = tables + at["qpos"] + 4 * r0, tables + at["kpos"] + 8 * r0
-                dev.launch("attention", "attn_scores", at_s, c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16),
-                           c_p(used), c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d), c_f(scale),
-                           c_f(softcap), c_int(window), c_int(sinks), c_p(scores), c_ll(s_max), stream=stream)
-                dev.launch("attention", "attn_softmax", at_m, c_p(scores), c_p(used), c_p(0), c_int(hq),
-                           c_ll(s_max), stream=stream)
-                dev.launch("attention", "attn_wsum", at_w, c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq),
-                           c_int(hkv), c_int(dv), c_ll(s_max), c_p(py + 4 * r0 * hq * dv), stream=stream)
+            self._launch_attention(info, n, tables, at, layer, max(s.capacity for s in states))
         self.steps.append(step)
 
+    def _attention_over_values(self, info: NodeInfo) -> None:
+        """Attention over the node's own keys and values (past ones first, written with the new ones into the
+        present outputs or a scratch): the same kernels over tables made once at bind time — every row sees all
+        keys at their positions 0 .. s, each query at its position (causal) or at s - 1 (bidirectional)."""
+        node, attrs = info.node, info.attrs
+        ins = [*node.inputs, "", ""]
+        q, k, v, past_k, past_v = ins[:5]
+        if not attrs["causal"] and int(attrs["sliding_window"]):
+            raise self.fail("a sliding window without a causal mask is not lowered (a window needs positions)")
+        t = int(self.types[q].shape[0])
+        p = int(self.types[past_k].shape[0]) if past_k else 0
+        s = p + t
+        outs = [*node.outputs, "", ""]
+        keys = []
+        for slot, past, new in ((1, past_k, k), (2, past_v, v)):
+            width = self.nbytes(new) // max(t, 1)
+            present = outs[slot]
+            if p:
+                dst = self.a(present) if present else self._scratch(width * s)
+                self.copy(dst, self.a(past), width * p)
+                self.copy(dst + width * p, self.a(new), width * t)
+            else:
+                dst = self.a(new)
+                if present:
+                    self.copy(self.a(present), dst, width * t)
+            keys.append(dst)
+        if not t:
+            return
+        at = table_layout(t, 1)
+        host = np.zeros(at["size"], np.uint8)
+        host[at["k"]:at["v"]].view(np.uint64)[:] = keys[0]
+        host[at["v"]:at["used"]].view(np.uint64)[:] = keys[1]
+        host[at["used"]:at["kpos"]].view(np.int64)[:] = s
+        positions = self.dev.upload(np.arange(max(s, 1), dtype=np.int32))
+        self.owned.append(positions)
+        host[at["kpos"]:at["qpos"]].view(np.uint64)[:] = int(positions.ptr)
+        host[at["qpos"]:at["f16"]].view(np.int32)[:] = np.arange(p, s) if attrs["causal"] else s - 1
+        tables = self.dev.upload(host)
+        self.owned.append(tables)
+        self.steps.append(lambda ctx: self._launch_attention(info, t, int(tables.ptr), at, 0, s))
+
+    def _scratch(self, nbytes: int) -> int:
+        buf = self.dev.alloc(nbytes)
+        self.owned.append(buf)
+        return int(buf.ptr)
+
     def _glu(self, info: NodeInfo, kernel: str, *extra: Any) -> None:
-        g, u = info.node.inputs[:2]
+        """Gate and up as two values, or one packed [..., 2 ff] value (gate the first half): strided reads."""
+        ins = [i for i in info.node.inputs if i]
         y = info.node.outputs[0]
-        self.floats(g, u, y)
-        if self.types[g].shape != self.types[u].shape:
-            raise self.fail(f"{info.node.op} of gate {self.types[g].shape} and up {self.types[u].shape}")
+        self.floats(*ins, y)
         count = _count(self.types[y].shape)
         ff = int(self.types[y].shape[-1])
+        if len(ins) == 1:
+            pg, pu, ld = self.a(ins[0]), self.a(ins[0]) + 4 * ff, 2 * ff
+        else:
+            g, u = ins
+            if self.types[g].shape != self.types[u].shape:
+                raise self.fail(f"{info.node.op} of gate {self.types[g].shape} and up {self.types[u].shape}")
+            pg, pu, ld = self.a(g), self.a(u), ff
         if count:
-            self.launch("ops", kernel, geometry.elementwise(count), c_p(self.a(g)), c_p(self.a(u)), c_ll(ff),
-                        c_int(ff), c_ll(count), c_p(self.a(y)), *extra)
+            self.launch("ops", kernel, geometry.elementwise(count), c_p(pg), c_p(pu), c_ll(ld), c_int(ff),
+                        c_ll(count), c_p(self.a(y)), *extra)
 
     def op_SwiGLU(self, info: NodeInfo) -> None:
-        if len(info.node.inputs) < 2:
-            raise self.fail("SwiGLU of one packed [gate | up] input is not lowered (the plan splits it)")
         self._glu(info, "swiglu")
 
     def op_GeGLU(self, info: NodeInfo) -> None:
-        if len(info.node.inputs) < 2:
-            raise self.fail("GeGLU of one packed [gate | up] input is not lowered (the plan splits it)")
         approx = str(info.attrs.get("approximate", "none"))
         if approx not in ("none", "tanh"):
             raise self.fail(f"GeGLU approximate={approx!r}")
         self._glu(info, "geglu", c_int(int(approx == "tanh")))
 
-    def op_Add(self, info: NodeInfo) -> None:
+    def _binary(self, info: NodeInfo, op: int) -> None:
+        """a + b or a * b where one operand has the output's shape and the other is broadcast to it as a run of
+        its dims (a row: a bias or scale; a column: a gate per row; one value; or the same shape): the kernel's
+        b[(i / inner) % nb]. The broadcast operand may be a weight or constant (read as f32) or an activation."""
         a, b = info.node.inputs[:2]
         y = info.node.outputs[0]
-        self.floats(a, b, y)
-        if self.is_weight(a) or self.is_weight(b) or self.types[a].shape != self.types[b].shape:
-            raise self.fail("Add of two activations of one shape is lowered; broadcasts and weights are not")
-        count = _count(self.types[y].shape)
-        if count:
-            self.launch("ops", "add", geometry.elementwise(count), c_p(self.a(a)), c_p(self.a(b)),
-                        c_p(self.a(y)), c_ll(count))
-
-    def op_Mul(self, info: NodeInfo) -> None:
-        a, b = info.node.inputs[:2]
-        if self.is_weight(a) and not self.is_weight(b):
+        out = self.types[y].shape
+        shape = {n: (self.types[n].shape if n in self.types else tuple(int(d) for d in self.exe.tensor(n).shape))
+                 for n in (a, b)}
+        if shape[a] != out:
             a, b = b, a
-        y = info.node.outputs[0]
         self.floats(a, b, y)
-        sa, sb = self.types[a].shape, tuple(int(d) for d in self.exe.tensor(b).shape) if self.is_weight(b) else ()
-        core = tuple(d for d in sb)
-        while core and core[0] == 1:
-            core = core[1:]
-        if not self.is_weight(b) or (core and tuple(sa[-len(core):]) != core) or self.types[y].shape != sa:
-            raise self.fail("Mul by a weight or constant broadcast over the leading dims is lowered; found shapes "
-                            f"{sa} and {sb}")
-        nb, count = max(_count(core), 1), _count(sa)
+        if shape[a] != out or self.is_weight(a):
+            raise self.fail(f"{info.node.op} of shapes {shape[a]} and {shape[b]}: one operand must be an "
+                            f"activation of the output's shape {out}")
+        nb, inner = _broadcast_run(shape[b], out)
+        if nb is None:
+            raise self.fail(f"{info.node.op}: {shape[b]} is not a run of {out}'s dims (a row, a column, a value)")
+        count = _count(out)
         if not count:
             return
-        pb = self.exe.weight(b, "f32")
-        self.launch("ops", "mul_bcast", geometry.elementwise(count), c_p(self.a(a)), c_p(pb), c_ll(nb), c_ll(count),
-                    c_p(self.a(y)))
+        pb = self.exe.weight(b, "f32") if self.is_weight(b) else self.a(b)
+        self.launch("ops", "bcast", geometry.elementwise(count), c_p(self.a(a)), c_p(pb), c_ll(nb), c_ll(inner),
+                    c_ll(count), c_p(self.a(y)), c_int(op))
+
+    def op_Add(self, info: NodeInfo) -> None:
+        self._binary(info, 0)
+
+    def op_Mul(self, info: NodeInfo) -> None:
+        self._binary(info, 1)
+
+    def _unary(self, info: NodeInfo, op: int) -> None:
+        x, y = info.node.inputs[0], info.node.outputs[0]
+        self.floats(x, y)
+        count = _count(self.types[y].shape)
+        if count:
+            self.launch("ops", "unary", geometry.elementwise(count), c_p(self.a(x)), c_ll(count), c_p(self.a(y)),
+                        c_int(op))
+
+    def op_Gelu(self, info: NodeInfo) -> None:
+        approx = str(info.attrs.get("approximate", "none"))
+        if approx not in ("none", "tanh"):
+            raise self.fail(f"Gelu approximate={approx!r}")
+        self._unary(info, 2 if approx == "tanh" else 1)
+
+    def op_LayerNorm(self, info: NodeInfo) -> None:
+        ins = [*info.node.inputs, "", ""]
+        x, w, b = ins[:3]
+        y = info.node.outputs[0]
+        self.floats(x, y)
+        shape = self.types[x].shape
+        if int(info.attrs.get("axis", -1)) % max(len(shape), 1) != len(shape) - 1:
+            raise self.fail("LayerNorm over more than the last axis is not lowered")
+        n, rows, eps = int(shape[-1]), _count(shape) // max(int(shape[-1]), 1), float(info.attrs["eps"])
+        self._norm_weight(w, n)
+        if b:
+            self._norm_weight(b, n)
+        if not rows:
+            return
+        pw, pb = self.exe.weight(w, "f32"), self.exe.weight(b, "f32") if b else 0
+        self.launch("ops", "layer_norm", geometry.norm(rows), c_p(self.a(x)), c_p(pw), c_p(pb), c_p(self.a(y)),
+                    c_int(n), c_f(eps))
+
+    def op_Split(self, info: NodeInfo) -> None:
+        """Each output a box of its input along the axis: one copy when contiguous, else rows of a 2-D copy."""
+        x = info.node.inputs[0]
+        shape = self.types[x].shape
+        axis = int(info.attrs.get("axis", 0)) % len(shape)
+        outer, inner = _count(shape[:axis]), _count(shape[axis + 1:])
+        at = 0
+        for y in info.node.outputs:
+            size = int(self.types[y].shape[axis])
+            if y and size:
+                src, dst = self.a(x) + 4 * at * inner, self.a(y)
+                if outer == 1:
+                    self.copy(dst, src, 4 * size * inner)
+                else:
+                    self.launch("ops", "copy_rows", geometry.elementwise(outer * size * inner), c_p(src),
+                                c_ll(shape[axis] * inner), c_p(dst), c_ll(size * inner), c_int(outer),
+                                c_int(size * inner))
+            at += size
+
+    def op_MoERouter(self, info: NodeInfo) -> None:
+        attrs = info.attrs
+        logits = info.node.inputs[0]
+        weights, indices = info.node.outputs[:2]
+        e, k = int(attrs["n_experts"]), int(attrs["top_k"])
+        if k > 16 or str(attrs.get("scoring", "softmax")) not in ("softmax", "sigmoid"):
+            raise self.fail(f"MoERouter top_k {k} (at most 16), scoring {attrs.get('scoring')!r}")
+        self.floats(logits)
+        tokens = _count(self.types[logits].shape) // max(e, 1)
+        if tokens:
+            self.launch("moe", "moe_route", geometry.elementwise(tokens), c_p(self.a(logits)), c_int(tokens),
+                        c_int(e), c_int(k), c_int(int(bool(attrs.get("normalize", True)))),
+                        c_int(int(attrs.get("scoring") == "sigmoid")), c_p(self.a(weights)), c_p(self.a(indices)))
+
+    def op_MoEExperts(self, info: NodeInfo) -> None:
+        """The chosen experts only: gate and up GEMVs per (token, slot) pair on its expert, the activation, the down
+        GEMV per pair, then each token's weighted sum. A streamed bank moves in pieces of whole experts; each
+        pair is computed by the piece that holds its expert."""
+        x, weights, indices, gate, up, down = info.node.inputs[:6]
+        y = info.node.outputs[0]
+        e, k = int(info.attrs["n_experts"]), int(info.attrs["top_k"])
+        act = str(info.attrs.get("activation", "silu"))
+        self.floats(x, weights, y)
+        d = int(self.types[x].shape[-1])
+        tokens = _count(self.types[x].shape) // max(d, 1)
+        banks = {}
+        for name in (gate, up, down):
+            t = self.exe.tensor(name)
+            bs = tuple(int(s) for s in t.shape)
+            if t.dtype not in TYPES or len(bs) != 3 or bs[0] != e or bs[2] % 32:
+                raise self.fail(f"expert bank {name!r} is {t.dtype.value} {bs}: the kernels read [n_experts, rows, "
+                                f"cols] banks of {', '.join(x.value for x in TYPES)} with whole 32-value units")
+            banks[name] = (t.dtype, bs)
+        ff = banks[gate][1][1]
+        if banks[gate][1] != (e, ff, d) or banks[up][1] != (e, ff, d) or banks[down][1] != (e, d, ff):
+            raise self.fail(f"banks {banks[gate][1]}, {banks[up][1]}, {banks[down][1]} are not [E, ff, d] twice and "
+                            f"[E, d, ff] (d = {d})")
+        if act not in ("silu", "gelu"):
+            raise self.fail(f"MoEExperts activation {act!r}")
+        pairs = tokens * k
+        if not pairs:
+            return
+        scratch = self.dev.alloc(4 * pairs * (2 * ff + d))
+        self.owned.append(scratch)
+        hg, hu = int(scratch.ptr), int(scratch.ptr) + 4 * pairs * ff
+        o = hu + 4 * pairs * ff
+        px, pidx = self.a(x), self.a(indices)
+        dev, stream = self.dev, self.exe.stream
+        chunk = max(k, (geometry.MAX_GRID_YZ // k) * k)
+
+        def products(bank: str, src: int, ldx: int, x_div: int, dst: int, rows: int, cols: int) -> None:
+            dtype = banks[bank][0]
+            kernel, row_bytes = f"gemv_idx_{TYPES[dtype][1]}", dtype.nbytes(cols)
+
+            def launch(pw: int, e0: int, count: int) -> None:
+                for s0 in range(0, pairs, chunk):
+                    n_pairs = min(chunk, pairs - s0)
+                    at = geometry.Launch((geometry.gemv(rows).grid[0], n_pairs, 1), (geometry.WARP,
+                                                                                      geometry.GEMV_WARPS, 1))
+                    dev.launch("gemv", kernel, at, c_p(pw), c_ll(rows * row_bytes), c_ll(row_bytes), c_int(rows),
+                               c_int(cols), c_p(src + 4 * (s0 // x_div) * ldx), c_ll(ldx), c_int(x_div),
+                               c_p(pidx + 4 * s0), c_int(e0), c_int(e0 + count), c_p(dst + 4 * s0 * rows),
+                               c_ll(rows), stream=stream)
+            self.weight_reader(bank, "packed", e, launch)
+
+        products(gate, px, d, k, hg, ff, d)
+        products(up, px, d, k, hu, ff, d)
+        count = pairs * ff
+        if act == "silu":
+            self.launch("ops", "swiglu", geometry.elementwise(count), c_p(hg), c_p(hu), c_ll(ff), c_int(ff),
+                        c_ll(count), c_p(hg))
+        else:
+            self.launch("ops", "geglu", geometry.elementwise(count), c_p(hg), c_p(hu), c_ll(ff), c_int(ff),
+                        c_ll(count), c_p(hg), c_int(0))
+        products(down, hg, ff, 1, o, d, ff)
+        self.launch("moe", "moe_combine", geometry.elementwise(tokens * d), c_p(o), c_p(self.a(weights)),
+                    c_int(tokens), c_int(k), c_int(d), c_p(self.a(y)))
+
+    def op_MoEExpertsSwiGLU(self, info: NodeInfo) -> None:
+        self.op_MoEExperts(info)
 
     def op_Slice(self, info: NodeInfo) -> None:
         x, y = info.node.inputs[0], info.node.outputs[0]

@@ -14,7 +14,7 @@ backend on any machine; on a GPU the kernels are compared with the same referenc
 - arithmetic: where a CPU function has the kernel's definition it is used (uaii.kernels.dequantize for the decoders,
   quantize_activations for quant_act: the same bits); the int8 GEMM decodes units in their integer form (decode.cuh:
   uk_unit_int); sums and transcendental functions are computed in float64 and rounded once to float32 (a device sums
-  in another order: results agree to rounding); add, mul_bcast and kv_store are exact.
+  in another order: results agree to rounding); add, bcast, copy_rows and kv_store are exact.
 """
 
 from __future__ import annotations
@@ -268,25 +268,117 @@ def _add(mem: HostMemory, at: Launch, v: Values) -> None:
     _store(mem, y, F32, i, _load(mem, a, F32, i) + _load(mem, b, F32, i))
 
 
-def _mul_bcast(mem: HostMemory, at: Launch, v: Values) -> None:
-    a, b, nb, count, y = v
+def _bcast(mem: HostMemory, at: Launch, v: Values) -> None:
+    """y[i] = a[i] + b[(i / inner) % nb] (op 0) or a[i] * b[...] (op 1), for i < grid.x * block.x."""
+    a, b, nb, inner, count, y, op = v
     i = np.arange(_items(at, count))
-    if i.size and nb <= 0:
-        raise BackendError(f"[cuda-host] mul_bcast over {nb} values: the kernel would divide by zero")
-    _store(mem, y, F32, i, _load(mem, a, F32, i) * _load(mem, b, F32, i % max(nb, 1)))
+    if i.size and (nb <= 0 or inner <= 0):
+        raise BackendError(f"[cuda-host] bcast over {nb} values of {inner}: the kernel would divide by zero")
+    av, bv = _load(mem, a, F32, i), _load(mem, b, F32, i // max(inner, 1) % max(nb, 1))
+    _store(mem, y, F32, i, av * bv if op else av + bv)
+
+
+_UNARY: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    0: lambda a: 1.0 / (1.0 + np.exp(-a)), 1: lambda a: gelu(a, approximate="none"),
+    2: lambda a: gelu(a, approximate="tanh"), 3: lambda a: a / (1.0 + np.exp(-a)), 4: np.tanh,
+    5: lambda a: np.where(a > 0, a, 0.0), 6: np.negative, 7: np.exp,
+}
+
+
+def _unary(mem: HostMemory, at: Launch, v: Values) -> None:
+    """y = f(x): 0 sigmoid, 1 gelu (erf), 2 gelu (tanh), 4 tanh, 5 relu, 6 neg, 7 exp, anything else silu, as the
+    kernel's switch."""
+    x, count, y, op = v
+    i = np.arange(_items(at, count))
+    _store(mem, y, F32, i, _UNARY.get(op, _UNARY[3])(_load(mem, x, F32, i).astype(F64)))
+
+
+def _copy_rows(mem: HostMemory, at: Launch, v: Values) -> None:
+    src, src_ld, dst, dst_ld, rows, width = v
+    n = _items(at, rows * width)
+    _store(mem, dst, F32, _offsets(n, width, dst_ld), _load(mem, src, F32, _offsets(n, width, src_ld)))
+
+
+def _layer_norm(mem: HostMemory, at: Launch, v: Values) -> None:
+    """Rows 0 .. grid.x: (x - mean) / sqrt(var + eps) * w (+ b when not NULL), the variance biased, float64."""
+    x, w, b, y, n, eps = v
+    _need_block(at, "layer_norm", NORM_BLOCK, 1)
+    rows = at.grid[0]
+    if n <= 0:
+        return
+    xv = mem.array(x, F32, rows * n).reshape(rows, n).astype(F64)
+    mean = xv.mean(axis=1, keepdims=True)
+    var = ((xv - mean) ** 2).mean(axis=1, keepdims=True)
+    out = (xv - mean) / np.sqrt(var + float(eps)) * mem.array(w, F32, n).astype(F64)
+    if b:
+        out = out + mem.array(b, F32, n).astype(F64)
+    mem.array(y, F32, rows * n)[:] = out.astype(F32).reshape(-1)
+
+
+def _moe_route(mem: HostMemory, at: Launch, v: Values) -> None:
+    """Tokens < grid.x * block.x: softmax (or sigmoid) scores, the top_k best first with ties to the lower index,
+    weights normalized by their sum when asked (the reference MoERouter's rule)."""
+    logits, tokens, n_experts, top_k, normalize, sigmoid, weights, idx = v
+    t = _items(at, tokens)
+    if t <= 0 or top_k > 16:
+        return
+    z = mem.array(logits, F32, t * n_experts).reshape(t, n_experts).astype(F64)
+    sc = 1.0 / (1.0 + np.exp(-z)) if sigmoid else np.exp(z - z.max(axis=1, keepdims=True))
+    if not sigmoid:
+        sc = sc / sc.sum(axis=1, keepdims=True)
+    pick = np.argsort(-sc, axis=1, kind="stable")[:, :top_k]
+    best = np.take_along_axis(sc, pick, axis=1)
+    if normalize:
+        best = best / best.sum(axis=1, keepdims=True)
+    mem.array(weights, F32, t * top_k)[:] = best.astype(F32).reshape(-1)
+    mem.array(idx, np.int32, t * top_k)[:] = pick.astype(np.int32).reshape(-1)
+
+
+def _moe_combine(mem: HostMemory, at: Launch, v: Values) -> None:
+    """y[t, c] = sum_j w[t, j] o[t top_k + j, c] for the values < grid.x * block.x."""
+    o, w, tokens, top_k, d, y = v
+    n = _items(at, tokens * d)
+    if n <= 0 or top_k <= 0:
+        return
+    t = -(-n // d)
+    ov = mem.array(o, F32, t * top_k * d).reshape(t, top_k, d).astype(F64)
+    wv = mem.array(w, F32, t * top_k).reshape(t, top_k, 1).astype(F64)
+    _store(mem, y, F32, np.arange(n), (wv * ov).sum(axis=1).reshape(-1)[:n])
+
+
+def _gemv_idx(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
+    """For each pair s < grid.y whose expert e = idx[s] is in [e0, e1): y[s, row] = x[s / x_div] . W_{e - e0}[row]
+    (rows < grid.x * block.y), float64 sums of the decoded weight."""
+    bank, expert_bytes, row_bytes, n, k, x, ldx, x_div, idx, e0, e1, y, ldy = v
+    _need_block(at, f"gemv_idx_{TYPES[dtype][1]}", WARP)
+    rows, units = max(0, min(n, at.grid[0] * at.block[1])), max(k, 0) // 32
+    if rows == 0:
+        return
+    experts = mem.array(idx, np.int32, at.grid[1])
+    for s in range(at.grid[1]):
+        e = int(experts[s])
+        if not e0 <= e < e1:
+            continue
+        xs = _load(mem, x + 4 * (s // x_div) * ldx, F32, np.arange(32 * units)).astype(F64)
+        base = bank + (e - e0) * expert_bytes
+        out = np.empty(rows, F32)
+        for r in _chunks(rows, units):
+            out[r[0]:r[-1] + 1] = _decode_rows(mem, base, dtype, r * row_bytes, units).astype(F64) @ xs
+        _store(mem, y + 4 * s * ldy, F32, np.arange(rows), out)
 
 
 def _rope(mem: HostMemory, at: Launch, v: Values) -> None:
     """Pairs t < grid.x * block.x rotated in place by the angle (double) pos[row] * (double) inv_freq[i], its sine
-    and cosine rounded to float32 (the CPU's rope_angles)."""
-    x, pos, inv_freq, rows, heads, d, n_rot, neox = v
+    and cosine rounded to float32 and scaled by ``attn`` (yarn's magnitude; the CPU's rope_angles)."""
+    x, pos, inv_freq, rows, heads, d, n_rot, neox, attn = v
     half = int(n_rot / 2)
     t = np.arange(_items(at, rows * heads * half) if half > 0 else 0, dtype=np.int64)
     if not t.size:
         return
     i, head = t % half, t // half
     angle = _load(mem, pos, np.int32, head // heads).astype(F64) * _load(mem, inv_freq, F32, i).astype(F64)
-    s, c = np.sin(angle).astype(F32).astype(F64), np.cos(angle).astype(F32).astype(F64)
+    s = (np.sin(angle).astype(F32) * F32(attn)).astype(F64)
+    c = (np.cos(angle).astype(F32) * F32(attn)).astype(F64)
     ia, ib = (head * d + i, head * d + i + half) if neox else (head * d + 2 * i, head * d + 2 * i + 1)
     x0, x1 = _load(mem, x, F32, ia).astype(F64), _load(mem, x, F32, ib).astype(F64)
     _store(mem, x, F32, ia, x0 * c - x1 * s)
@@ -377,14 +469,16 @@ def _table() -> dict[str, Reference]:
         "quant_act": _quant_act, "rms_norm": _rms_norm, "add_rms_norm": _add_rms_norm, "add": _add,
         "swiglu": partial(_glu, lambda a: a / (1.0 + np.exp(-a))),
         "geglu": partial(_glu, lambda a, tanh_approx: gelu(a, approximate="tanh" if tanh_approx else "none")),
-        "mul_bcast": _mul_bcast, "rope": _rope, "attn_scores": _attn_scores, "attn_softmax": _attn_softmax,
-        "attn_wsum": _attn_wsum, "kv_store": _kv_store,
+        "bcast": _bcast, "unary": _unary, "copy_rows": _copy_rows, "layer_norm": _layer_norm,
+        "moe_route": _moe_route, "moe_combine": _moe_combine, "rope": _rope, "attn_scores": _attn_scores,
+        "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum, "kv_store": _kv_store,
     }
     for dtype, (_, suffix, _, _) in TYPES.items():
         table[f"dequant_{suffix}"] = partial(_dequant, dtype)
         table[f"rows_{suffix}"] = partial(_rows, dtype)
         for m in GEMV_ROWS:
             table[f"gemv_{suffix}_m{m}"] = partial(_gemv, dtype, m)
+        table[f"gemv_idx_{suffix}"] = partial(_gemv_idx, dtype)
     for dtype in MMQ_TYPES:
         table[f"mmq_{TYPES[dtype][1]}"] = partial(_mmq, dtype)
     return table

@@ -54,11 +54,14 @@ class Module:
 
 
 MODULES: dict[str, Module] = {
-    "gemv": Module("gemv", (), tuple(f"gemv_{t[1]}_m{m}" for t in TYPES.values() for m in GEMV_ROWS)),
+    "gemv": Module("gemv", (), tuple(name for t in TYPES.values()
+                                     for name in (*(f"gemv_{t[1]}_m{m}" for m in GEMV_ROWS), f"gemv_idx_{t[1]}"))),
     # bit for bit as uaii.kernels.dequantize: no contraction of d * q + m into one fma
     "dequant": Module("dequant", ("--fmad=false",),
                       tuple(f"{kind}_{t[1]}" for t in TYPES.values() for kind in ("dequant", "rows"))),
-    "ops": Module("ops", (), ("rms_norm", "add_rms_norm", "swiglu", "geglu", "add", "mul_bcast", "rope")),
+    "ops": Module("ops", (), ("rms_norm", "add_rms_norm", "layer_norm", "swiglu", "geglu", "add", "bcast", "unary",
+                              "copy_rows", "rope")),
+    "moe": Module("moe", (), ("moe_route", "moe_combine")),
     "attention": Module("attention", (), ("attn_scores", "attn_softmax", "attn_wsum", "kv_store")),
     "mmq": Module("mmq", (), ("quant_act", *(f"mmq_{TYPES[t][1]}" for t in MMQ_TYPES))),
 }
@@ -66,9 +69,11 @@ MODULES: dict[str, Module] = {
 
 _FAMILIES = {
     # kernel (or prefix + "_"): its parameters' C kinds — p a pointer, i int, l long long, f float
-    "gemv_": "pliiplpl", "dequant_": "plp", "rows_": "pllpip", "mmq_": "pliipppipl", "quant_act": "pliippp",
+    "gemv_": "pliiplpl", "gemv_idx_": "plliiplipiipl", "dequant_": "plp", "rows_": "pllpip", "mmq_": "pliipppipl",
+    "quant_act": "pliippp",
     "rms_norm": "pppifi", "add_rms_norm": "pppppifi", "swiglu": "pplilp", "geglu": "pplilpi", "add": "pppl",
-    "mul_bcast": "ppllp", "rope": "pppiiiii", "attn_scores": "ppppppiiiffiipl", "attn_softmax": "pppil",
+    "bcast": "pplllpi", "unary": "plpi", "copy_rows": "plplii", "layer_norm": "ppppif", "moe_route": "piiiiipp",
+    "moe_combine": "ppiiip", "rope": "pppiiiiif", "attn_scores": "ppppppiiiffiipl", "attn_softmax": "pppil",
     "attn_wsum": "ppppiiilp", "kv_store": "pliipli",
 }
 KINDS = {"p": "a pointer", "i": "int", "l": "long long", "f": "float"}
@@ -81,10 +86,10 @@ def signature(kernel: str) -> str:
     would read garbage on a GPU, never fail."""
     if kernel in _FAMILIES:
         return _FAMILIES[kernel]
-    for prefix, kinds in _FAMILIES.items():
-        if prefix.endswith("_") and kernel.startswith(prefix):
-            return kinds
-    raise KeyError(kernel)
+    prefixes = [p for p in _FAMILIES if p.endswith("_") and kernel.startswith(p)]
+    if not prefixes:
+        raise KeyError(kernel)
+    return _FAMILIES[max(prefixes, key=len)]  # gemv_idx_q4_0 is a gemv_idx_, not a gemv_
 
 
 def check_args(module: str, kernel: str, args: tuple[object, ...]) -> None:

@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from uaii.backends.analysis import KvLayout, NodeInfo, VType, feed_types, infer_types, kv_layout
-from uaii.backends.base import BackendError, ExecutableMemory, WeightSource, weight_key
+from uaii.backends.base import (
+    BackendError,
+    ExecutableMemory,
+    WeightSource,
+    gather_experts,
+    per_expert,
+    weight_key,
+)
 from uaii.backends.kv_book import KVBatch
 from uaii.backends.webgpu.arena import VIEW_OPS, lay_out, uncovered
 from uaii.backends.webgpu.device import GpuDevice
@@ -213,25 +220,11 @@ class WebGpuExecutable:
         """A weight's stored bytes, flat. An expert bank stored as one tensor per expert (HF checkpoints: a
         ``experts.*`` reference the store cannot serve whole) is read expert by expert (``#e=N``), as the CPU does."""
         t = self._tmap[name]
-        if not self._per_expert(name):
+        if not per_expert(t):
             return np.ascontiguousarray(self._host(name)).reshape(-1).view(np.uint8)
-        out = self._experts(name, 0, int(t.shape[0]))
+        out = gather_experts(self._source, t, 0, int(t.shape[0]), release=False)
         self._acquired.update(str(t.weight.with_expert(e)) for e in range(int(t.shape[0])))  # type: ignore[union-attr]
         return out
-
-    def _per_expert(self, name: str) -> bool:
-        """Whether ``name`` is an expert bank stored as one tensor per expert (an ``experts.*`` reference, as HF
-        checkpoints have): the store serves it expert by expert (``#e=N``), never whole."""
-        t = self._tmap[name]
-        return t.weight is not None and len(t.shape) == 3 and "*" in str(t.weight)
-
-    def _experts(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Experts [start, stop) of a bank stored per expert, gathered into one host buffer."""
-        t = self._tmap[name]
-        assert t.weight is not None
-        parts = [np.ascontiguousarray(self._source.acquire(str(t.weight.with_expert(e)))).reshape(-1).view(np.uint8)
-                 for e in range(start, stop)]
-        return np.concatenate(parts)
 
     def _row_splits(self, dtype: Any, shape: tuple[int, ...], limit: int = 0) -> list[tuple[int, int]]:
         """Rows [start, stop) of each shard: as many whole rows (axis 0) as fit ``limit`` bytes (default: one
@@ -291,13 +284,9 @@ class WebGpuExecutable:
         gathered expert by expert into one host buffer first."""
         t = self._tmap[name]
         ref = weight_key(t)
-        if self._per_expert(name):
-            assert t.weight is not None
-            try:
-                queue.write_buffer(s.region.buffer, s.region.offset, padded(self._experts(name, s.start, s.stop)))
-            finally:
-                for e in range(s.start, s.stop):
-                    self._source.release(str(t.weight.with_expert(e)))
+        if per_expert(t):
+            queue.write_buffer(s.region.buffer, s.region.offset,
+                               padded(gather_experts(self._source, t, s.start, s.stop, release=True)))
             return
         whole = s.start == 0 and s.stop == w.rows
         if t.weight is not None and not whole and len(w.shape) > 1:  # a file's tensor: the store reads the rows

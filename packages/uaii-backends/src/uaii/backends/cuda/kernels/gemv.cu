@@ -39,12 +39,36 @@ __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long
     }
 }
 
+/* y[s, row] = x[s / x_div] . W_e[row] for each (token, slot) pair s = blockIdx.y, e = idx[s] - e0 — the experts a
+   router chose, in a bank of experts expert_bytes apart holding experts [e0, e1) (all of them, or one streamed
+   piece); a pair whose expert is outside the bank is left to the piece that holds it. Gate and up read the token's
+   row (x_div = top_k), down the pair's own row (x_div = 1). */
+template <int T>
+__device__ __forceinline__ void gemv_idx_rows(const uk_u8 *__restrict__ bank, long long expert_bytes,
+                                              long long row_bytes, int n, int k, const float *__restrict__ x,
+                                              long long ldx, int x_div, const int *__restrict__ idx, int e0, int e1,
+                                              float *__restrict__ y, long long ldy) {
+    const long long s = blockIdx.y;
+    const int e = idx[s];
+    if (e < e0 || e >= e1) return;
+    gemv_rows<T, 1>(bank + (long long)(e - e0) * expert_bytes, row_bytes, n, k, x + (s / x_div) * ldx, ldx,
+                    y + s * ldy, ldy);
+}
+
+#define UK_GEMV_IDX(name, T)                                                                                    \
+    extern "C" __global__ void gemv_idx_##name(const uk_u8 *bank, long long expert_bytes, long long row_bytes,  \
+                                               int n, int k, const float *x, long long ldx, int x_div,          \
+                                               const int *idx, int e0, int e1, float *y, long long ldy) {       \
+        gemv_idx_rows<T>(bank, expert_bytes, row_bytes, n, k, x, ldx, x_div, idx, e0, e1, y, ldy);               \
+    }
+
 #define UK_GEMV(name, T, M)                                                                                     \
     extern "C" __global__ void gemv_##name##_m##M(const uk_u8 *w, long long row_bytes, int n, int k,            \
                                                   const float *x, long long ldx, float *y, long long ldy) {     \
         gemv_rows<T, M>(w, row_bytes, n, k, x, ldx, y, ldy);                                                    \
     }
-#define UK_GEMV_ALL(name, T) UK_GEMV(name, T, 1) UK_GEMV(name, T, 2) UK_GEMV(name, T, 4) UK_GEMV(name, T, 8)
+#define UK_GEMV_ALL(name, T) UK_GEMV(name, T, 1) UK_GEMV(name, T, 2) UK_GEMV(name, T, 4) UK_GEMV(name, T, 8) \
+    UK_GEMV_IDX(name, T)
 
 UK_GEMV_ALL(f32, UK_F32)
 UK_GEMV_ALL(f16, UK_F16)

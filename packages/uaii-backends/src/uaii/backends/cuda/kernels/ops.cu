@@ -1,5 +1,6 @@
-/* ops.cu — the row operators of a decoder step: RMSNorm (and the residual add fused before it), SwiGLU, GeGLU, RoPE,
- * elementwise add and a product by a broadcast row (an embedding scale), f32. Reductions are block-wide trees (their order differs from the CPU's: results agree to
+/* ops.cu — the row operators of a decoder step: RMSNorm (and the residual add fused before it), LayerNorm, SwiGLU,
+ * GeGLU, RoPE, elementwise add, a sum or product with a broadcast row or column (a bias, a scale, a gate), the
+ * unary activations and row copies (Split / Concat / Slice along the last axis), f32. Reductions are block-wide trees (their order differs from the CPU's: results agree to
  * rounding, as any two backends do); the transcendental functions are the accurate ones (expf, sincosf), not the
  * __-prefixed approximations. */
 #include "decode.cuh"
@@ -78,10 +79,57 @@ extern "C" __global__ void geglu(const float *g, const float *u, long long ld, i
     y[i] = act * u[r * ld + c];
 }
 
-/* y[i] = a[i] * b[i % nb]: a row (or one value, nb = 1) broadcast over the leading dims */
-extern "C" __global__ void mul_bcast(const float *a, const float *b, long long nb, long long count, float *y) {
+/* y[i] = a[i] op b[(i / inner) % nb] (op 0: +, 1: *): b a row broadcast over the leading dims (inner = 1; one value:
+   nb = 1) or a column broadcast over the trailing dims (inner = the trailing size), as a bias, a scale or a gate */
+extern "C" __global__ void bcast(const float *a, const float *b, long long nb, long long inner, long long count,
+                                 float *y, int op) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < count) y[i] = a[i] * b[i % nb];
+    if (i >= count) return;
+    const float v = b[(i / inner) % nb];
+    y[i] = op ? a[i] * v : a[i] + v;
+}
+
+/* y = f(x) over count values: 0 sigmoid, 1 gelu (erf), 2 gelu (tanh), 3 silu, 4 tanh, 5 relu, 6 neg, 7 exp */
+extern "C" __global__ void unary(const float *x, long long count, float *y, int op) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const float a = x[i];
+    float r;
+    switch (op) {
+    case 0: r = 1.0f / (1.0f + expf(-a)); break;
+    case 1: r = 0.5f * a * (1.0f + erff(a * 0.7071067811865476f)); break;
+    case 2: r = 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a))); break;
+    case 4: r = tanhf(a); break;
+    case 5: r = a > 0.0f ? a : 0.0f; break;   /* NaN: 0, as the comparison says */
+    case 6: r = -a; break;
+    case 7: r = expf(a); break;
+    default: r = a / (1.0f + expf(-a)); break;
+    }
+    y[i] = r;
+}
+
+/* dst rows (dst_ld apart) = width values of src rows (src_ld apart): a Split, Concat or Slice along the last axis */
+extern "C" __global__ void copy_rows(const float *src, long long src_ld, float *dst, long long dst_ld, int rows,
+                                     int width) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * width) return;
+    const long long r = i / width, c = i % width;
+    dst[r * dst_ld + c] = src[r * src_ld + c];
+}
+
+/* y[r] = (x[r] - mean) / sqrt(var + eps) * w (+ b): one block per row, two block-wide reductions */
+extern "C" __global__ void layer_norm(const float *x, const float *w, const float *b, float *y, int n, float eps) {
+    __shared__ float shared[UK_BLOCK / 32];
+    const long long r = blockIdx.x;
+    x += r * n;
+    y += r * n;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += UK_BLOCK) s += x[i];
+    const float mean = block_sum(s, shared) / (float)n;
+    float v = 0.0f;
+    for (int i = threadIdx.x; i < n; i += UK_BLOCK) v += (x[i] - mean) * (x[i] - mean);
+    const float inv = rsqrtf(block_sum(v, shared) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += UK_BLOCK) y[i] = (x[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
 }
 
 extern "C" __global__ void add(const float *a, const float *b, float *y, long long count) {
@@ -92,7 +140,7 @@ extern "C" __global__ void add(const float *a, const float *b, float *y, long lo
 /* rotary embedding of x [rows, heads, d] in place, the first n_rot values of each head: pairs (i, i + n_rot / 2)
    (neox) or (2 i, 2 i + 1), angle pos[row] * inv_freq[i]; one thread per pair */
 extern "C" __global__ void rope(float *x, const int *pos, const float *inv_freq, int rows, int heads, int d, int n_rot,
-                                int neox) {
+                                int neox, float attn) {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int half = n_rot / 2;
     if (t >= (long long)rows * heads * half) return;
@@ -101,7 +149,7 @@ extern "C" __global__ void rope(float *x, const int *pos, const float *inv_freq,
     const int row = (int)(head / heads);
     double sd, cd;  /* the CPU's angle: (double)pos * (double)inv_freq, its sine and cosine rounded to float */
     sincos((double)pos[row] * (double)inv_freq[i], &sd, &cd);
-    const float s = (float)sd, c = (float)cd;
+    const float s = (float)sd * attn, c = (float)cd * attn;  /* attn: yarn's magnitude scale (1 otherwise) */
     float *h = x + head * d;
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];
