@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The CUDA device check of issue #18, as one command on a lent GPU machine that reaches no package registry:
+#
+#   device run, carry [".device-wheels"], command "bash scripts/cuda_device_check.sh", timeout_s 540
+#
+# It uses the machine's own python3 (its image holds numpy, cuda-bindings, the NVRTC wheel, pytest, torch and
+# transformers) with the workspace's sources on PYTHONPATH, builds uaii-kernels' C extension there (cffi from
+# .device-wheels when the image lacks it: `pip download --only-binary=:all: --python-version 3.12 -d .device-wheels
+# cffi pycparser` here, the folder ignored by .git/info/exclude), then runs the CUDA tests that need no model file
+# (kernels, references, conformance, the tiny architectures against transformers) — failing if any skipped for want
+# of a device — and bench_gpu's CUDA part without models. Logs and JSON go to $OUT (the device tool brings them back).
+# The real-model tests and figures (SmolLM2, Gemma-3: larger than what a call may carry) are `make check-cuda` on a
+# machine that has the models.
+set -uo pipefail
+OUT=${OUT:-/tmp/uaii-cuda-check}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/tests/loaders:$PWD/tests" PYTHONUNBUFFERED=1
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  $PY -c "import cffi" 2>/dev/null || $PY -m pip install -q --no-index --find-links .device-wheels cffi pycparser
+  $PY packages/uaii-kernels/build_kernels.py
+} 2>&1 | tee "$OUT/setup.log"
+$PY -m pytest -q -rs -p no:cacheprovider tests/backends/test_cuda_kernels.py tests/backends/test_cuda_reference.py \
+  tests/backends/test_cuda_conformance.py tests/runtime/test_cuda_parity.py 2>&1 | tee "$OUT/tests.log"
+tests=${PIPESTATUS[0]}
+skipped_for_device=$(grep -c "no CUDA device" "$OUT/tests.log" || true)
+$PY bench/bench_gpu.py --cuda-only --no-models --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+bench=${PIPESTATUS[0]}
+echo "tests exit $tests, skipped for want of a device: $skipped_for_device, bench exit $bench" | tee -a "$OUT/tests.log"
+[ "$tests" -eq 0 ] && [ "$skipped_for_device" -eq 0 ] && [ "$bench" -eq 0 ]
