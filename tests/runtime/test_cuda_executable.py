@@ -130,23 +130,30 @@ def test_a_long_prompt_runs_the_int8_gemm(kind: str, smollm2_path: Path, monkeyp
     assert float(np.abs(got - want).max()) < 1.0 and np.corrcoef(got, want)[0, 1] > 0.999
 
 
+@pytest.mark.parametrize("tier", ["host-pinned", "staged"])
 @pytest.mark.parametrize("order", ["ahead", "behind", "cuda"])
-def test_a_model_larger_than_the_device_budget_streams(order: str, smollm2_path: Path,
+def test_a_model_larger_than_the_device_budget_streams(order: str, tier: str, smollm2_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        request: pytest.FixtureRequest) -> None:
     """Under a 40 MiB device budget (SmolLM2's weights are 92 MiB) half of the weights stream through the two
-    staging slots every step; with the copy stream running ahead of the kernels or behind them, the logits are
-    bit for bit the resident run's (on a device: the same kernels on the same bytes, so bit for bit too)."""
+    device slots every step — from page-locked host copies made once (no host budget: the host-pinned tier), or
+    read from the store through the page-locked staging buffers (under a host budget); with the copy stream
+    running ahead of the kernels or behind them, the logits are bit for bit the resident run's (on a device: the
+    same kernels on the same bytes, so bit for bit too)."""
     kind = "cuda" if order == "cuda" else "host"
     on_device(kind, monkeypatch, request)
     with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64) as s:
         prompt = s.tokenize(PROMPT)
         resident = logits_of(s, prompt, 3)
     dev = on_device(kind, monkeypatch, request, **({} if kind == "cuda" else {"order": order}))
-    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64, gpu_budget_bytes=40 << 20) as s:
+    host = {"budget_bytes": 4 << 30} if tier == "staged" else {}
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64, gpu_budget_bytes=40 << 20,
+                 **host) as s:
         res = s.device_residency
         assert res is not None and len(res.streamed) > 100 and res.resident_bytes <= 40 << 20
         streamed = logits_of(s, prompt, 3)
+        locked = s._exe.locked_bytes
+    assert (locked > 60 << 20) if tier == "host-pinned" else locked == 0
     assert streamed[0] == resident[0]
     for a, b in zip(streamed[1], resident[1], strict=True):
         np.testing.assert_array_equal(a, b)

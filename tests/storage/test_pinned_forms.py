@@ -98,3 +98,27 @@ def test_a_failed_rewrite_serves_the_files_bytes_again(weights: WeightFile, kind
         assert ref not in s.pinned and s.pinned.nbytes == 0 and s.pinned.form_of(ref) is None
         assert s.acquire(ref).tobytes() == weights.expected(weights.index[ref])
         s.release(ref)
+
+
+def test_rows_of_a_pinned_tensor_are_a_view_of_its_resident_bytes(weights: WeightFile) -> None:
+    """``ref@rows=A:B`` of a pinned tensor (a device backend streaming it in row pieces) is served from memory:
+    the rows' bytes, no staged read (a staging pool far smaller than the rows suffices), a release that balances;
+    a held form is never served as rows of the file's layout."""
+    from uaii.storage import rows_ref
+
+    ref = next(n for n, loc in weights.index.items() if len(loc.shape) >= 1 and loc.nbytes > 64 * 1024)
+    part = rows_ref(ref, 2, weights.index[ref].shape[0] - 2)
+    with StreamingStore(weights.index, 4096) as s:
+        s.pin([ref])
+        rows = s.location(part)
+        got = s.acquire(part)
+        assert _bytes(np.ascontiguousarray(got)).tobytes() == weights.expected(rows)
+        assert s.telemetry.snapshot()["pinned_hits"] >= 1
+        s.release(part)
+        assert rows.nbytes > 4096  # the rows could not have been staged through this pool
+        assert not s.pinned.reform(ref, "rev", _reverse)  # its bytes were handed out: never rewritten after
+    with StreamingStore(weights.index, 4096) as s:
+        s.pin([ref])
+        assert s.pinned.reform(ref, "rev", _reverse)
+        with pytest.raises(StorageError):  # rows of a rewritten tensor: a staged read, larger than the pool
+            s.acquire(part)

@@ -76,10 +76,11 @@ class DeviceStatus:
 STANDARD_COMPILE_OPTIONS = frozenset({"max_tokens", "kv_state", "memory_reuse"})
 """Keyword options every backend's ``compile`` takes (ignoring what does not apply to it): the largest token batch
 (default: the plan's), whether cached Attention binds to a KV state, and arena reuse."""
-STREAMING_COMPILE_OPTIONS = frozenset({"streamed", "prefetch_order", "expert_cache", "chunk_bytes"})
+STREAMING_COMPILE_OPTIONS = frozenset({"streamed", "prefetch_order", "expert_cache", "chunk_bytes", "host_resident"})
 """The options of a backend with :attr:`Capabilities.streams_weights`: the weight references it acquires around the
 steps that read them instead of binding them, the plan's prefetch order, the MoE expert cache, one staging buffer's
-bytes (a larger MatMul weight streams in row chunks)."""
+bytes (a larger MatMul weight streams in row chunks), and — for a device backend — those of the streamed references
+that host memory may hold as well (no host budget applies): the host-pinned tier between device and disk."""
 
 
 @dataclass(frozen=True)

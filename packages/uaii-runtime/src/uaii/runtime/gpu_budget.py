@@ -9,7 +9,9 @@ the host store keeps. A model larger than the device must still run, so what doe
 The rule is the planner's, not a second one: :func:`uaii.planner.storage_for_uses` with the device budget —
 small vectors (norm scales, biases) first, then the globals, the embeddings, lm_head and the first ``pin_layers``
 trunk layers, then (``fill_pins``) further layers while the budget holds — over the arena and KV cache the device
-holds. Two differences, both of how a GPU streams: the backend's ``Capabilities.staging_buffers`` staging buffers
+holds. Without a host budget the streamed weights the host keeps are also named ``host_resident``: a backend may
+hold them in page-locked host memory (the host-pinned tier) and copy them to the device from there each use. Two
+differences, both of how a GPU streams: the backend's ``Capabilities.staging_buffers`` staging buffers
 (WebGPU: one, refilled after the work that read it was submitted; CUDA: two, one filled on a copy stream while
 kernels read the other), and every streamed weight passes through it
 in chunks of whole rows (``chunk_bytes``: a matrix's output features, a table's rows, a bank's experts) — no
@@ -139,7 +141,11 @@ def device_streaming(backend: Backend, graph: Graph, plan: Any, options: Session
     log.info("[runtime] %s", residency.describe())
     kw = {k: v for k, v in streaming.items() if k not in ("expert_cache", "chunk_bytes", "streamed")}
     chunk = residency.staging_bytes // max(1, caps.staging_buffers)  # one buffer's bytes: the largest piece
-    return residency, {**kw, "streamed": list(residency.streamed), "chunk_bytes": chunk}
+    # without a host budget, host memory may hold a second copy of what the device streams (the host-pinned tier:
+    # page-locked, copied to the device without passing through a staging buffer); under one, it may not
+    host_resident = [r for r in residency.streamed if r not in host_streamed] if not o.budget_bytes else []
+    return residency, {**kw, "streamed": list(residency.streamed), "chunk_bytes": chunk,
+                       "host_resident": host_resident}
 
 
 __all__ = ["DEVICE_FRACTION", "DeviceResidency", "device_budget", "device_streaming", "plan_residency"]

@@ -31,7 +31,7 @@ from uaii.ir import DType, WeightRef
 from uaii.storage import config
 from uaii.storage._native import PAGE, AlignedBuffer, IoPool, NativeFile, io_error_text, round_up
 from uaii.storage.errors import StagingError, StorageError
-from uaii.storage.location import LocationIndex, WeightLocation, lookup
+from uaii.storage.location import LocationIndex, WeightLocation, lookup, parse_rows_ref, row_range
 from uaii.storage.pinned import PinnedSet
 from uaii.storage.staging import StagingPool
 from uaii.storage.telemetry import StorageTelemetry
@@ -147,6 +147,8 @@ class StreamingStore:
         a pinned tensor was rewritten into (PinnedSet.reform); a streamed one is always in the file's layout."""
         key = str(ref)
         arr = self.pinned.get(key, form)
+        if arr is None and form is None:
+            arr = self._pinned_rows(key)
         if arr is not None:
             self.telemetry.add(acquires=1, pinned_hits=1, bytes_served=arr.nbytes)
             return arr
@@ -174,6 +176,21 @@ class StreamingStore:
         self.telemetry.add(acquires=1, bytes_served=st.loc.nbytes, stall_ns=stall)
         return st.view
 
+    def _pinned_rows(self, key: str) -> np.ndarray | None:
+        """Rows ``A:B`` of a pinned tensor held in the file's layout (``ref@rows=A:B``): a view of its resident
+        bytes, as a device backend streaming a pinned weight in row pieces asks — never a staged read of bytes
+        already in memory. None when ``key`` is no such reference."""
+        rows = parse_rows_ref(key)
+        if rows is None or rows[0] not in self.pinned or self.pinned.form_of(rows[0]) is not None:
+            return None
+        whole = self.pinned.get(rows[0])
+        if whole is None:
+            return None
+        base = self.location(rows[0])
+        part = row_range(base, rows[1], rows[2])
+        raw = whole.reshape(-1).view(np.uint8)
+        return as_tensor(raw[part.offset - base.offset:part.end - base.offset], part)
+
     def release(self, ref: Ref) -> None:
         """Ends one ``acquire`` (or drops a prefetch that was never acquired); pinned weights ignore it."""
         key = str(ref)
@@ -183,7 +200,8 @@ class StreamingStore:
                 if key in self._pending:
                     del self._pending[key]
                     return
-                if key in self.pinned:
+                rows = parse_rows_ref(key)
+                if key in self.pinned or (rows is not None and rows[0] in self.pinned):
                     return
                 raise StorageError(f"release of {key!r}, which is neither acquired nor prefetched")
             if st.holders > 0:

@@ -9,8 +9,10 @@ and copies the outputs back: one synchronization per run.
 
 Storage-first on the device: a weight named in ``streamed`` is not uploaded. It is cut into *pieces* of whole rows
 (at most ``chunk_bytes``; a matrix's output features) and every run moves its pieces host -> device in the order
-the steps read them, through two page-locked host buffers and two device slots on a copy stream: piece ``p + 1``
-is copied while the kernels of piece ``p`` run. Events order it (the copy into a slot waits for the kernels that
+the steps read them, into two device slots on a copy stream: piece ``p + 1`` is copied while the kernels of piece
+``p`` run. A piece of a weight named in ``host_resident`` (no host budget: host memory may hold it) is copied from
+a page-locked host copy made once — the host-pinned tier; any other is read from the store into one of two
+page-locked staging buffers first. Events order it (the copy into a slot waits for the kernels that
 read the slot's previous piece; those kernels wait for their piece's copy), so the compute stream never stalls on
 the host while a copy is in flight. A streamed Embedding table is read on the host: only the rows the tokens
 select are copied.
@@ -110,7 +112,7 @@ class CudaExecutable:
 
     def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: Any, *,
                  max_tokens: int = 512, kv_state: bool = True, streamed: Collection[str] = (),
-                 chunk_bytes: int = 0, arena: ArenaLayout | None = None) -> None:
+                 chunk_bytes: int = 0, arena: ArenaLayout | None = None, host_resident: Collection[str] = ()) -> None:
         self.graph = graph
         self.infos = infos
         self.dev = dev
@@ -121,6 +123,11 @@ class CudaExecutable:
         self.weight_names = {t.name for t in graph.tensors if t.is_weight or t.is_constant}
         refs = set(streamed)
         self.streamed = {t.name for t in graph.tensors if t.is_weight and weight_key(t) in refs}
+        kept = set(host_resident)
+        self.lockable = {n for n in self.streamed if weight_key(self._tmap[n]) in kept}
+        self._locked: dict[Piece, Any] = {}  # the host-pinned tier: page-locked copies of host-resident pieces
+        self._locked_raw: list[Any] = []
+        self.locked_bytes = 0
         kv = kv_layout(graph)
         self.kv: KvLayout | None = kv if kv_state and kv.layers else None
         stateful = self.kv.values if self.kv is not None else frozenset()
@@ -156,8 +163,9 @@ class CudaExecutable:
             raw = np.frombuffer(t.data, np.uint8)
             return raw if t.dtype.is_quantized else raw.view(t.dtype.numpy).reshape(tuple(int(d) for d in t.shape))
         ref = weight_key(t)
+        data = self._source.acquire(ref)
         try:
-            return np.array(self._source.acquire(ref), copy=True)
+            return np.array(data, copy=True)
         finally:
             self._source.release(ref)
 
@@ -210,19 +218,29 @@ class CudaExecutable:
             if ids.size and (ids.min() < 0 or ids.max() >= shape[0]):
                 bad = ids[(ids < 0) | (ids >= shape[0])][0]
                 raise BackendError(f"[backend] cuda: id {bad} is outside the {shape[0]} rows of {p.name!r}")
-            try:
+            if t.weight is None:  # a caller's array
                 table = np.ascontiguousarray(self._source.acquire(ref)).reshape(-1).view(np.uint8)
-                return table.reshape(shape[0], -1)[ids].reshape(-1)
-            finally:
-                self._source.release(ref)
+                try:
+                    return table.reshape(shape[0], -1)[ids].reshape(-1)
+                finally:
+                    self._source.release(ref)
+            rows = {}
+            for i in np.unique(ids).tolist():  # only the rows the tokens select are read from the store
+                key = rows_ref(ref, i, i + 1)
+                row = self._source.acquire(key)
+                try:
+                    rows[i] = np.ascontiguousarray(row).reshape(-1).view(np.uint8).copy()
+                finally:
+                    self._source.release(key)
+            return np.concatenate([rows[i] for i in ids.tolist()]) if ids.size else np.zeros(0, np.uint8)
         if per_expert(t):
             return gather_experts(self._source, t, p.start, p.stop, release=True)
         if p.form == "packed_t":  # rows of the transpose: the whole weight is read and transposed
             return self._form(p.name, p.form, self._host(p.name)).reshape(shape[1], -1)[p.start:p.stop].reshape(-1)
         whole = p.start == 0 and p.stop == (shape[0] if len(shape) > 1 else 1)
         key = ref if whole or t.weight is None or len(shape) < 2 else rows_ref(ref, p.start, p.stop)
+        data = np.asarray(self._source.acquire(key))
         try:
-            data = np.asarray(self._source.acquire(key))
             if key == ref and not whole:
                 data = data.reshape(shape[0], -1)[p.start:p.stop] if not t.dtype.is_quantized else \
                     np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(shape[0], -1)[p.start:p.stop]
@@ -241,6 +259,17 @@ class CudaExecutable:
         self._slots = [self.dev.alloc(nbytes) for _ in range(STAGING_SLOTS)]
         self._pinned_slots = [self.dev.alloc_host(nbytes) for _ in range(STAGING_SLOTS)]
         self._slot_bytes = nbytes  # steps read the slots' addresses when they run: no binding goes stale
+
+    def _lock(self, pieces: list[Piece]) -> None:
+        """Page-locked host copies of ``pieces`` (each made once, read from the store once): what the copy engine
+        reads directly each run, so no host copy stands between the store and the device."""
+        for p in pieces:
+            if p not in self._locked:
+                host = self.dev.alloc_host(p.nbytes)
+                host[:p.nbytes] = self._piece_bytes(p)
+                self._locked[p] = host[:p.nbytes]
+                self._locked_raw.append(host)
+                self.locked_bytes += p.nbytes
 
     # --- binding ---------------------------------------------------------------------------------------------
     def _bind(self, shapes: Mapping[str, tuple[int, ...]], batched: bool) -> Binding:
@@ -265,6 +294,7 @@ class CudaExecutable:
         binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.tables, b.pinned_tables)
         if b.pieces:
             self._ensure_slots(max(p.nbytes for p in b.pieces))
+            self._lock([p for p in b.pieces if p.name in self.lockable and p.form != "gather"])
         io = sum(-(-n // 8) * 8 for *_, n in feeds) + sum(
             -(-device_nbytes(d, _count(s)) // 8) * 8 for _, _, d, s in outputs)
         binding.pinned_io = self.dev.alloc_host(max(io, 8))
@@ -412,14 +442,17 @@ class CudaExecutable:
     # --- streaming -------------------------------------------------------------------------------------------
     def _stage(self, b: Binding, p: int) -> None:
         """Queue piece ``p``'s copy into slot ``p % 2`` on the copy stream, after the kernels that read the slot's
-        previous piece; the page-locked buffer is refilled once its previous copy has left."""
+        previous piece: from its page-locked copy (the host-pinned tier), or from the store through the slot's
+        page-locked buffer, refilled once its previous copy has left."""
         slot = p % STAGING_SLOTS
         piece = b.pieces[p]
-        pinned = self._pinned_slots[slot]
-        self.dev.sync_event(self._copied[slot])
-        pinned[:piece.nbytes] = self._piece_bytes(piece)
+        src = self._locked.get(piece)
+        if src is None:  # read from the store into the slot's page-locked buffer once its last copy has left
+            src = self._pinned_slots[slot][:piece.nbytes]
+            self.dev.sync_event(self._copied[slot])
+            src[:] = self._piece_bytes(piece)
         self.dev.wait(self.copy_stream, self._read[slot])
-        self.dev.copy_htod(int(self._slots[slot].ptr), pinned[:piece.nbytes], self.copy_stream)
+        self.dev.copy_htod(int(self._slots[slot].ptr), src, self.copy_stream)
         self.dev.record(self._copied[slot], self.copy_stream)
 
     def piece_step(self, p: int, launch: Callable[[int], None]) -> Step:
@@ -508,8 +541,10 @@ class CudaExecutable:
             if buf is not None:
                 with contextlib.suppress(Exception):
                     self.dev.free(buf)
-        for h in self._pinned_slots:
+        for h in (*self._pinned_slots, *self._locked_raw):
             self.dev.free_host(h)
+        self._locked.clear()
+        self._locked_raw.clear()
         self._resident.clear()
         self._derived.clear()
         self._slots, self._pinned_slots = [], []

@@ -103,12 +103,13 @@ class WebGpuBackend(BackendBase):
     def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource, *, max_tokens: int = 0,
                 kv_state: bool = True, memory_reuse: bool = True, streamed: Collection[str] = (),
                 prefetch_order: Sequence[str] = (), expert_cache: Any = None, chunk_bytes: int = 0,
-                **options: Any) -> Any:
+                host_resident: Collection[str] = (), **options: Any) -> Any:
         """Upload the weights (those in ``streamed`` are uploaded before each node that reads them, in shards of at
         most ``chunk_bytes``), compile the kernels and size the arena for ``max_tokens``. ``prefetch_order`` needs
         nothing more: uploads happen in step order, which is the plan's order. The arena always reuses memory
         (``memory_reuse`` is accepted for the contract). The host expert cache does not apply to a device: banks
-        stream shard by shard instead, so an ``expert_cache`` is an error."""
+        stream shard by shard instead, so an ``expert_cache`` is an error. ``host_resident`` changes nothing here:
+        wgpu writes a shard straight from the store's buffer (no staging copy to save)."""
         from uaii.backends.webgpu.device import open_device
         from uaii.backends.webgpu.executable import WebGpuExecutable
         from uaii.backends.webgpu.ops import LOWERINGS
