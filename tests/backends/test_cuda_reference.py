@@ -1,8 +1,9 @@
 """The CPU references of the CUDA kernels (uaii.backends.cuda.reference), launched through the host model of a
 device as the executor launches the kernels, against independent CPU implementations: the C kernels of
-uaii.kernels (dequantize, get_rows, the C GEMMs, rms_norm, the GLUs, rope, attention) and numpy. Where a CUDA
-device exists the same tests run on it too (``dev`` is parametrized: ``cuda`` skips with "no CUDA device"
-elsewhere), so the kernels are held to the same independent implementations as their references.
+uaii.kernels (dequantize, get_rows, the C GEMMs, rms_norm, the GLUs, rope, attention) and numpy. The same tests run
+the CUDA source itself, built by the host compiler, for every kernel whose threads are independent (``compiled``),
+and where a CUDA device exists on it (``cuda``; skipped with "no CUDA device" elsewhere), so the kernels are held to
+the same independent implementations as their references.
 
 Besides the values: every kernel the modules name has a reference; a launch computes only what its grid covers (a
 grid too small leaves the rest untouched, as on a device); buffers sized exactly as the kernel indexes them are
@@ -39,10 +40,12 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(20240607)
 
 
-@pytest.fixture(params=["host", "cuda"])
+@pytest.fixture(params=["host", "compiled", "cuda"])
 def dev(request: pytest.FixtureRequest) -> Any:
-    """The host model, and a CUDA device where there is one."""
-    d = HostDevice() if request.param == "host" else first_device()
+    """The host model running the references; the host model running the CUDA source built by the host compiler
+    where its threads are independent (host_kernels.py; the rest through the references); a CUDA device where
+    there is one."""
+    d = {"host": HostDevice, "compiled": lambda: HostDevice(kernels="compiled"), "cuda": first_device}[request.param]()
     if d is None:
         pytest.skip("no CUDA device")
     yield d
@@ -63,7 +66,11 @@ def _filled(dev: HostDevice, count: int, dtype: Any = np.float32) -> DeviceBuffe
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x, np.float32).view(np.uint32)
+    """The float32 bits, a NaN's quiet bit set: decode.cuh keeps a signaling NaN's bits exactly where the CPU's F16C
+    path quiets it (test_cuda_kernels.py compares the same way), so payload and sign are compared, not that bit."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).copy()
+    bits[np.isnan(np.ascontiguousarray(x, np.float32))] |= 0x00400000
+    return bits
 
 
 def test_every_kernel_of_every_module_has_a_reference() -> None:
@@ -472,3 +479,28 @@ def test_a_launch_reading_past_its_buffer_fails(host: HostDevice) -> None:
         dev.launch("gemv", "gemv_f16_m1", geometry.gemv(5), dev.upload(raw), Long(64), Int(5), Int(32),
                    dev.upload(np.ones(32, np.float32)), Long(32), dev.alloc(20), Long(5))
         dev.synchronize()
+
+
+def test_the_host_build_runs_the_thread_local_kernels_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """host_kernels builds every kernel whose threads are independent (named in the modules), none of the warp- or
+    block-level ones, and caches the build under the sources' digest (a second process loads it, builds nothing)."""
+    from uaii.backends.cuda import host_kernels as hk
+
+    names = set(hk.host_kernel_names())
+    every = {k for m in MODULES.values() for k in m.kernels}
+    assert set(hk.THREAD_LOCAL) <= every and names <= every
+    assert all(f"dequant_{t[1]}" in names and f"rows_{t[1]}" in names for t in TYPES.values())
+    for warp_level in ("gemv_q4_0_m1", "gemv_idx_q4_0", "mmq_q4_0", "rms_norm", "add_rms_norm", "layer_norm",
+                       "attn_softmax"):
+        assert hk.host_kernel(warp_level) is None, warp_level
+    monkeypatch.setenv("UAII_CACHE_DIR", str(tmp_path))
+    hk._library.cache_clear()
+    try:
+        assert hk.host_kernel("bcast") is not None
+        built = list((tmp_path / "cuda-host").glob("uk_cuda_host_*.so"))
+        assert len(built) == 1 and hk._digest() in built[0].name
+        hk._library.cache_clear()
+        assert hk.host_kernel("bcast") is not None  # loaded from the cache
+        assert list((tmp_path / "cuda-host").glob("uk_cuda_host_*.so")) == built
+    finally:
+        hk._library.cache_clear()

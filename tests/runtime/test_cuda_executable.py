@@ -21,6 +21,7 @@ from uaii.backends import KVBatch, registry
 from uaii.backends.base import BackendError, UnsupportedOpError
 from uaii.backends.cuda.backend import CudaBackend
 from uaii.backends.cuda.host import HostDevice
+from uaii.backends.cuda.host_kernels import host_kernel_names
 from uaii.runtime import Session
 
 PROMPT = "The capital of France is"
@@ -52,9 +53,10 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 def on_device(kind: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, **kw: Any) -> Any:
-    """``device="cuda"`` runs on a fresh host model, or on the real device."""
-    if kind == "host":
-        return on_host_model(monkeypatch, **kw)
+    """``device="cuda"`` runs on a fresh host model (its references; ``compiled``: the CUDA source built by the
+    host compiler where its threads are independent), or on the real device."""
+    if kind in ("host", "compiled"):
+        return on_host_model(monkeypatch, **kw, **({"kernels": "compiled"} if kind == "compiled" else {}))
     dev = request.getfixturevalue("gpu")
     monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=dev))
     return dev
@@ -95,11 +97,14 @@ def assert_close(got: tuple[list[int], list[np.ndarray]], want: tuple[list[int],
         assert err < tol, f"step {i}: max |logit difference| {err} >= {tol}"
 
 
+@pytest.mark.parametrize("kind", ["host", "compiled", "cuda"])
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_models_match_the_exact_cpu_path(model: str, kind: str, request: pytest.FixtureRequest,
                                          monkeypatch: pytest.MonkeyPatch, cpu_runs: Runs) -> None:
     """SmolLM2 (llama: GQA, SwiGLU) and Gemma-3 (q/k norms, GeGLU, sliding-window layers, an embedding scale, a
-    tied lm_head): resident, a 5-token prompt and greedy steps, logits within 1e-3 of the CPU's exact mode."""
+    tied lm_head): resident, a 5-token prompt and greedy steps, logits within 1e-3 of the CPU's exact mode — also
+    with the CUDA source of the thread-local kernels (embedding rows, RoPE, the GLUs, the KV writes, attention's
+    scores and sums...) built by the host compiler and run over each launch's grid."""
     dev = on_device(kind, monkeypatch, request)
     path = request.getfixturevalue(f"{model}_path")
     with Session(path, device="cuda", plan_cache=False, max_context=64) as s:
@@ -107,9 +112,11 @@ def test_models_match_the_exact_cpu_path(model: str, kind: str, request: pytest.
         prompt = s.tokenize(PROMPT)
         got = logits_of(s, prompt, 3 if model == "gemma3" else 6)
     assert_close(got, cpu_exact(path, cpu_runs, prompt, len(got[0]), max_context=64))
-    if kind == "host":
+    if kind != "cuda":
         assert "gemv_q4_1_m1" in dev.launches or model == "gemma3"
         assert "attn_scores" in dev.launches and "kv_store" in dev.launches
+        local = sum(1 for k in dev.launches if k in host_kernel_names())  # every thread-local launch was compiled
+        assert dev.compiled_launches == (local if kind == "compiled" else 0) and local > len(dev.launches) // 5
 
 
 def test_a_long_prompt_runs_the_int8_gemm(kind: str, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -27,9 +27,12 @@ TOL = 1e-3
 N_PREFILL, N_DECODE = 12, 8
 
 
-@pytest.fixture(scope="module", params=["host", "cuda"])
+@pytest.fixture(scope="module", params=["host", "compiled", "cuda"])
 def device(request: pytest.FixtureRequest) -> Any:
-    dev = HostDevice() if request.param == "host" else first_device()
+    """The host model (references; ``compiled``: the thread-local kernels' CUDA source built by the host compiler),
+    or a CUDA device."""
+    dev = {"host": HostDevice, "compiled": lambda: HostDevice(kernels="compiled"), "cuda": first_device}[
+        request.param]()
     if dev is None:
         pytest.skip("no CUDA device")
     yield dev

@@ -6,7 +6,9 @@ Why it exists: everything the executor decides — which kernel, which pointers 
 arena's regions lie, which staging buffer a streamed weight goes through and which event guards it — is host code
 that a wrong number turns into wrong tokens. Run on this model, a whole model's steps can be compared with the CPU
 backend on any machine (CI has no GPU); on a device the kernels themselves are compared with the same references
-(tests/backends/test_cuda_kernels.py). It is a test instrument, never a device a user can choose.
+(tests/backends/test_cuda_kernels.py). With ``kernels="compiled"`` the kernels whose threads are independent run as
+their CUDA source built by the host compiler instead (:mod:`uaii.backends.cuda.host_kernels`). It is a test
+instrument, never a device a user can choose.
 
 What it checks that a GPU would not tell you: every pointer a launch or copy touches lies inside one live
 allocation (a stray offset is a BackendError naming the kernel, not silent corruption); every argument has the
@@ -35,30 +37,36 @@ from uaii.backends.cuda.device import DeviceBuffer
 from uaii.backends.cuda.geometry import Launch
 from uaii.backends.cuda.sources import check_args
 
-BASE = 1 << 32
 ALIGN = 256  # cuMemAlloc's alignment (at least 256 bytes)
 
 
 class HostMemory:
-    """A flat address space of allocations (each a host byte array) that pointers index into."""
+    """Allocations (host byte arrays) at their real addresses, so that pointers — also those stored in device memory,
+    as the attention tables hold them — can be followed by the references and by the host build of the kernels.
+    Each block sits inside a larger array with a guard of ALIGN bytes on either side: an overrun lands in no other
+    allocation, and the bounds check names it."""
 
     def __init__(self) -> None:
         self._starts: list[int] = []
         self._blocks: dict[int, np.ndarray] = {}
-        self._next = BASE
+        self._raw: dict[int, np.ndarray] = {}
 
     def alloc(self, nbytes: int) -> int:
         n = max(int(nbytes), 1)
-        ptr = self._next
-        self._next += -(-n // ALIGN) * ALIGN + ALIGN  # a gap after each block: an overrun never lands in the next
+        raw = np.zeros(n + 3 * ALIGN, np.uint8)
+        at = (-raw.ctypes.data) % ALIGN + ALIGN
+        block = raw[at:at + n]
+        ptr = int(block.ctypes.data)
         bisect.insort(self._starts, ptr)
-        self._blocks[ptr] = np.zeros(n, np.uint8)
+        self._blocks[ptr] = block
+        self._raw[ptr] = raw
         return ptr
 
     def free(self, ptr: int) -> None:
         if ptr not in self._blocks:
             raise BackendError(f"[cuda-host] free of {ptr:#x}, which is not an allocation")
         del self._blocks[ptr]
+        del self._raw[ptr]
         self._starts.remove(ptr)
 
     def bytes(self, ptr: int, nbytes: int, what: str = "access") -> np.ndarray:
@@ -109,15 +117,19 @@ class HostDevice:
     capability = (9, 0)
     arch = "sm_90"
 
-    def __init__(self, total_bytes: int = 8 << 30, order: str = "ahead") -> None:
+    def __init__(self, total_bytes: int = 8 << 30, order: str = "ahead", kernels: str = "reference") -> None:
         if order not in ("ahead", "behind"):
             raise BackendError(f"[cuda-host] order must be 'ahead' or 'behind', found {order!r}")
+        if kernels not in ("reference", "compiled"):
+            raise BackendError(f"[cuda-host] kernels must be 'reference' or 'compiled', found {kernels!r}")
         self.order = order
+        self.kernels = kernels  # "compiled": the host build of the CUDA source where exact (host_kernels.py)
         self.mem = HostMemory()
         self.total_bytes = int(total_bytes)
         self._streams: list[HostStream] = [HostStream(0)]
         self._buffers: dict[int, DeviceBuffer] = {}
         self.launches: list[str] = []  # kernel names in the order they ran (tests read it)
+        self.compiled_launches = 0  # of them, run by the host build of the CUDA source
         self.closed = False
 
     # --- memory ------------------------------------------------------------------------------------------------
@@ -246,12 +258,21 @@ class HostDevice:
         from uaii.backends.cuda.reference import reference
 
         check_args(module, kernel, args)
-        fn = reference(kernel)
         values = tuple(a.ptr if isinstance(a, DeviceBuffer) else a.value for a in args)
+        compiled = None
+        if self.kernels == "compiled":
+            from uaii.backends.cuda.host_kernels import host_kernel
+
+            compiled = host_kernel(kernel)
+        fn = reference(kernel)
 
         def run() -> None:
             self.launches.append(kernel)
-            fn(self.mem, at, values)
+            if compiled is not None:
+                self.compiled_launches += 1
+                compiled(at, values)
+            else:
+                fn(self.mem, at, values)
         self._on(stream).queue.append(("run", run))
 
     def close(self) -> None:

@@ -1,0 +1,183 @@
+"""The CUDA kernels themselves, built by the host C++ compiler, for the host model of a device.
+
+Why: the references (reference.py) say what each kernel must compute, and the host model runs a whole model through
+them — but the CUDA C a GPU runs is checked against them only on a GPU. Every kernel whose threads do not talk to
+each other (no shared memory, no warp shuffles, no barriers: one thread per item) computes the same thing when its
+threads run one after another, so the host compiler can build the very source NVRTC compiles and run it over the
+launch's grid. ``HostDevice(kernels="compiled")`` then runs those launches through this build (and the others —
+GEMV, the norms, the softmax, the int8 GEMM — through their references): a model's tokens on it check the indexing,
+the strides and the arithmetic of the CUDA source on any machine.
+
+What it cannot show: races, and the warp- and block-level kernels (which run through their references). The math
+library is the host's (expf, erff, tanhf, sincos: within an ulp or two of CUDA's). The build is cached under
+``$UAII_CACHE_DIR/cuda-host`` keyed by the sources' digest, like NVRTC's CUBINs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from uaii.backends.base import BackendError
+from uaii.backends.cuda.nvrtc import cache_dir
+from uaii.backends.cuda.sources import HEADERS, MODULES, source
+
+HOST_MODULES = ("ops", "attention", "moe", "dequant", "mmq")
+"""Modules whose one-thread-per-item kernels are built for the host."""
+THREAD_LOCAL = ("swiglu", "geglu", "add", "bcast", "unary", "copy_rows", "rope", "attn_scores", "attn_wsum",
+                "kv_store", "moe_route", "moe_combine", "quant_act")
+"""Kernels whose threads never communicate (plus every dequant_/rows_): a sequential run over the grid is exact."""
+
+SHIM = r"""
+#include <math.h>
+#include <string.h>
+struct uk_dim3 { unsigned x, y, z; };
+static uk_dim3 blockIdx, threadIdx, blockDim, gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__ static
+#define __launch_bounds__(x)
+static inline void __syncthreads() {}
+static inline float __shfl_down_sync(unsigned, float v, int) { return v; }  /* never called: warp kernels excluded */
+static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (signed char)(a >> (8 * i)) * (signed char)(b >> (8 * i));
+    return c;
+}
+"""
+
+
+def host_kernel_names() -> tuple[str, ...]:
+    """Every kernel this build runs: the thread-local ones and the whole dequant family."""
+    names = [k for m in HOST_MODULES for k in MODULES[m].kernels
+             if k in THREAD_LOCAL or k.startswith(("dequant_", "rows_"))]
+    return tuple(names)
+
+
+def _params(module: str) -> dict[str, list[tuple[str, str]]]:
+    """Each kernel of ``module`` with its parameters (C type text, name), from the source as the host
+    preprocessor expands it."""
+    cc = shutil.which("c++") or shutil.which("g++")
+    if cc is None:
+        raise BackendError("[cuda-host] no host C++ compiler (c++ / g++) to build the kernels")
+    defs = ["-D__global__=", "-D__device__=", "-D__forceinline__=inline", "-D__restrict__=", "-D__shared__=static",
+            "-D__launch_bounds__(x)="]
+    kernels = Path(str(_kernels_dir()))
+    text = subprocess.run([cc, "-E", "-P", "-x", "c++", *defs, "-I", str(kernels), str(kernels / f"{module}.cu")],
+                          check=True, capture_output=True, text=True).stdout
+    out = {}
+    for m in re.finditer(r'extern\s+"C"\s+void\s+(\w+)\s*\(([^)]*)\)', text):
+        params = []
+        for p in m.group(2).split(","):
+            p = " ".join(p.split())
+            name = re.findall(r"\w+$", p)[0]
+            params.append((p[:-len(name)].strip(), name))
+        out[m.group(1)] = params
+    return out
+
+
+def _kernels_dir() -> Any:
+    from importlib import resources
+
+    return resources.files("uaii.backends.cuda") / "kernels"
+
+
+def _wrapper(kernel: str, params: list[tuple[str, str]]) -> tuple[str, str]:
+    """(C++ definition, cffi declaration) of ``run_<kernel>``: the grid loop around the kernel, arguments passed as
+    void pointers and plain scalars, cast to the kernel's own types."""
+    def generic(ctype: str) -> str:
+        return "void *" if "*" in ctype else ctype.replace("const ", "")
+    args = ", ".join(f"{generic(t)} a{i}" for i, (t, _) in enumerate(params))
+    head = f'extern "C" void run_{kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, ' \
+           f'unsigned bz{", " + args if args else ""})'
+    call = ", ".join(f"({t})a{i}" for i, (t, _) in enumerate(params))
+    body = (f"{head} {{\n  gridDim = {{gx, gy, gz}}; blockDim = {{bx, by, bz}};\n"
+            "  for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++)\n"
+            "    for (unsigned tz = 0; tz < bz; tz++) for (unsigned ty = 0; ty < by; ty++)\n"
+            "      for (unsigned tx = 0; tx < bx; tx++) {\n"
+            "        blockIdx = {x, y, z}; threadIdx = {tx, ty, tz};\n"
+            f"        {kernel}({call});\n      }}\n}}\n")
+    return body, head.removeprefix('extern "C" ') + ";"
+
+
+def _digest() -> str:
+    h = hashlib.sha256(SHIM.encode())
+    for name in (*HEADERS, *(f"{m}.cu" for m in HOST_MODULES)):
+        h.update(name.encode() + b"\0" + source(name).encode() + b"\0")
+    h.update(",".join(host_kernel_names()).encode())
+    return h.hexdigest()[:20]
+
+
+@cache
+def _library() -> Any:
+    """The built module (cffi, C++), from the cache when its digest matches."""
+    from cffi import FFI
+
+    tag = f"uk_cuda_host_{_digest()}"
+    out = cache_dir().parent / "cuda-host"
+    out.mkdir(parents=True, exist_ok=True)
+    built = next(iter(out.glob(f"{tag}*.so")), None)
+    names = set(host_kernel_names())
+    sources, decls = [], []
+    for module in HOST_MODULES:
+        for kernel, params in _params(module).items():
+            if kernel in names:
+                body, decl = _wrapper(kernel, params)
+                sources.append(body)
+                decls.append(decl)
+    ffi = FFI()
+    ffi.cdef("\n".join(decls))
+    if built is None:
+        code = SHIM + "".join(f'#include "{m}.cu"\n' for m in HOST_MODULES) + "\n".join(sources)
+        with tempfile.TemporaryDirectory(dir=out) as tmp:
+            ffi.set_source(tag, code, source_extension=".cpp", include_dirs=[str(_kernels_dir())],
+                           extra_compile_args=["-O2", "-ffp-contract=off", "-w"])
+            path = Path(ffi.compile(tmpdir=tmp))
+            built = out / path.name
+            os.replace(path, built)  # whole or not at all, as NVRTC's cache
+    spec = importlib.util.spec_from_file_location(tag, built)
+    if spec is None or spec.loader is None:
+        raise BackendError(f"[cuda-host] cannot load the host build {built}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules.setdefault(tag, mod)
+    return mod
+
+
+def host_kernel(kernel: str) -> Callable[[Any, tuple[Any, ...]], None] | None:
+    """``fn(launch, values)`` running the host build of ``kernel`` over the launch's grid (pointers as real
+    addresses), or None when the kernel is not one the host can run exactly."""
+    if kernel not in host_kernel_names():
+        return None
+    mod = _library()
+    fn = getattr(mod.lib, f"run_{kernel}")
+    ffi = mod.ffi
+
+    def run(at: Any, values: tuple[Any, ...]) -> None:
+        ptrs = set(i for i, k in enumerate(_kinds(kernel)) if k == "p")
+        args = [ffi.cast("void *", int(v)) if i in ptrs else v for i, v in enumerate(values)]
+        fn(*at.grid, *at.block, *args)
+    return run
+
+
+def _kinds(kernel: str) -> str:
+    from uaii.backends.cuda.sources import signature
+
+    return signature(kernel)
+
+
+__all__ = ["HOST_MODULES", "THREAD_LOCAL", "host_kernel", "host_kernel_names"]
