@@ -168,6 +168,27 @@ def test_a_model_larger_than_the_device_budget_streams(order: str, tier: str, sm
         assert dev.mem.live_bytes == 0  # everything the session allocated was freed when it closed
 
 
+def test_a_streamed_embedding_table_reads_only_the_rows_the_tokens_select(smollm2_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a 16 MiB device budget the tied token_embd table streams: the Embedding's piece is the prompt's rows
+    gathered on the host (one @rows= read per distinct token), the output projection's pieces are its row chunks;
+    the logits are the resident run's, bit for bit, under a host budget (staged) and without (host-pinned)."""
+    on_host_model(monkeypatch)
+    with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64, max_batch=8) as s:
+        prompt = s.tokenize(PROMPT)
+        resident = s.forward(prompt)
+    for host in ({}, {"budget_bytes": 4 << 30}):
+        on_host_model(monkeypatch)
+        with Session(smollm2_path, device="cuda", plan_cache=False, max_context=64, max_batch=8,
+                     gpu_budget_bytes=16 << 20, **host) as s:
+            res = s.device_residency
+            assert res is not None and any(r.endswith("#token_embd.weight") for r in res.streamed)
+            got = s.forward(prompt)
+            gathered = [p for p in s._exe._current.pieces if p.form == "gather"]
+        assert len(gathered) == 1 and gathered[0].stop == len(prompt)
+        np.testing.assert_array_equal(got, resident)
+
+
 @pytest.mark.parametrize("order,dropped", [("behind", "compute"), ("ahead", "copy")])
 def test_the_host_model_catches_a_missing_wait(order: str, dropped: str, smollm2_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:

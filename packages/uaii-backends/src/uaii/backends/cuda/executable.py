@@ -374,15 +374,17 @@ class CudaExecutable:
             self._fill_tables(binding, states)
         ctx = RunContext(states)
         self._current = binding
-        self._feeds = feeds
-        if binding.pieces:
-            self._stage(binding, 0)
+        self._feeds = feeds  # a streamed embedding's rows are the ones these ids select
         try:
+            if binding.pieces:
+                self._stage(binding, 0)
             for step in binding.steps:
                 step(ctx)
         except BaseException:
             self.dev.synchronize()
             raise
+        finally:
+            self._feeds = {}
         outs = []
         for name, ptr, dtype, shape in binding.outputs:
             n = device_nbytes(dtype, _count(shape))
