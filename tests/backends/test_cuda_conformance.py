@@ -1,8 +1,9 @@
-"""The conformance suite on the cuda backend, run on the host model of a device (and on a CUDA device where one
-exists): every case of an op the backend lowers either passes against the reference evaluator within the case's
-tolerance or is refused at compile time with a BackendError naming the node and the form it does not run (an
-activation times an activation, integer arithmetic, a non-contiguous Slice, an attention mask input) — never a
-wrong number. Ops it does not lower at all are refused by name (UnsupportedOpError)."""
+"""The conformance suite on the cuda backend, run on the host model of a device — with the kernels' references and
+with their CUDA source built by the host compiler — and on a CUDA device where one exists: every case of an op the
+backend lowers either passes against the reference evaluator within the case's tolerance or is refused at compile
+time with a BackendError naming the node and the form it does not run (an activation times an activation, integer
+arithmetic, a non-contiguous Slice, an attention mask input) — never a wrong number. Ops it does not lower at all
+are refused by name (UnsupportedOpError)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from uaii.backends.testing import Case, cases, run_case
 REFUSED = "BackendError: [backend] cuda: node "
 
 
-@pytest.fixture(scope="module", params=["host", "cuda"])
+@pytest.fixture(scope="module", params=["host", "compiled", "cuda"])
 def backend(request: pytest.FixtureRequest) -> Any:
-    dev = HostDevice() if request.param == "host" else first_device()
+    """The host model with the references, with every kernel's CUDA source built for the host, or a device."""
+    dev = {"host": HostDevice, "compiled": lambda: HostDevice(kernels="all"), "cuda": first_device}[request.param]()
     if dev is None:
         pytest.skip("no CUDA device")
     yield CudaBackend(device=dev)

@@ -1,9 +1,10 @@
 """The CPU references of the CUDA kernels (uaii.backends.cuda.reference), launched through the host model of a
 device as the executor launches the kernels, against independent CPU implementations: the C kernels of
 uaii.kernels (dequantize, get_rows, the C GEMMs, rms_norm, the GLUs, rope, attention) and numpy. The same tests run
-the CUDA source itself, built by the host compiler, for every kernel whose threads are independent (``compiled``),
-and where a CUDA device exists on it (``cuda``; skipped with "no CUDA device" elsewhere), so the kernels are held to
-the same independent implementations as their references.
+every kernel's CUDA source itself, built by the host compiler (``compiled``: the warp- and block-level kernels with
+an OS thread per CUDA thread, their shuffles and barriers emulated), and where a CUDA device exists on it
+(``cuda``; skipped with "no CUDA device" elsewhere), so the kernels are held to the same independent
+implementations as their references.
 
 Besides the values: every kernel the modules name has a reference; a launch computes only what its grid covers (a
 grid too small leaves the rest untouched, as on a device); buffers sized exactly as the kernel indexes them are
@@ -42,10 +43,10 @@ def rng() -> np.random.Generator:
 
 @pytest.fixture(params=["host", "compiled", "cuda"])
 def dev(request: pytest.FixtureRequest) -> Any:
-    """The host model running the references; the host model running the CUDA source built by the host compiler
-    where its threads are independent (host_kernels.py; the rest through the references); a CUDA device where
+    """The host model running the references; the host model running every kernel's CUDA source built by the host
+    compiler (host_kernels.py: the warp- and block-level kernels with a thread per CUDA thread); a CUDA device where
     there is one."""
-    d = {"host": HostDevice, "compiled": lambda: HostDevice(kernels="compiled"), "cuda": first_device}[request.param]()
+    d = {"host": HostDevice, "compiled": lambda: HostDevice(kernels="all"), "cuda": first_device}[request.param]()
     if d is None:
         pytest.skip("no CUDA device")
     yield d
@@ -481,24 +482,27 @@ def test_a_launch_reading_past_its_buffer_fails(host: HostDevice) -> None:
         dev.synchronize()
 
 
-def test_the_host_build_runs_the_thread_local_kernels_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """host_kernels builds every kernel whose threads are independent (named in the modules), none of the warp- or
-    block-level ones, and caches the build under the sources' digest (a second process loads it, builds nothing)."""
+def test_the_host_builds_cover_every_kernel_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """host_kernels builds every kernel of the modules: the thread-local ones sequentially, the warp- and
+    block-level ones only in the threaded build (asked for explicitly: it is slow); a build is cached under the
+    sources' digest (a second process loads it, builds nothing)."""
     from uaii.backends.cuda import host_kernels as hk
 
     names = set(hk.host_kernel_names())
     every = {k for m in MODULES.values() for k in m.kernels}
     assert set(hk.THREAD_LOCAL) <= every and names <= every
     assert all(f"dequant_{t[1]}" in names and f"rows_{t[1]}" in names for t in TYPES.values())
+    threaded = set(hk.threaded_kernel_names())
+    assert not names & threaded and names | threaded == every
     for warp_level in ("gemv_q4_0_m1", "gemv_idx_q4_0", "mmq_q4_0", "rms_norm", "add_rms_norm", "layer_norm",
                        "attn_softmax"):
-        assert hk.host_kernel(warp_level) is None, warp_level
+        assert hk.host_kernel(warp_level) is None and warp_level in threaded, warp_level
     monkeypatch.setenv("UAII_CACHE_DIR", str(tmp_path))
     hk._library.cache_clear()
     try:
         assert hk.host_kernel("bcast") is not None
         built = list((tmp_path / "cuda-host").glob("uk_cuda_host_*.so"))
-        assert len(built) == 1 and hk._digest() in built[0].name
+        assert len(built) == 1 and hk._digest("sequential") in built[0].name
         hk._library.cache_clear()
         assert hk.host_kernel("bcast") is not None  # loaded from the cache
         assert list((tmp_path / "cuda-host").glob("uk_cuda_host_*.so")) == built

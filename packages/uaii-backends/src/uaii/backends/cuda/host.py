@@ -7,7 +7,8 @@ arena's regions lie, which staging buffer a streamed weight goes through and whi
 that a wrong number turns into wrong tokens. Run on this model, a whole model's steps can be compared with the CPU
 backend on any machine (CI has no GPU); on a device the kernels themselves are compared with the same references
 (tests/backends/test_cuda_kernels.py). With ``kernels="compiled"`` the kernels whose threads are independent run as
-their CUDA source built by the host compiler instead (:mod:`uaii.backends.cuda.host_kernels`). It is a test
+their CUDA source built by the host compiler instead, with ``kernels="all"`` every kernel
+(:mod:`uaii.backends.cuda.host_kernels`). It is a test
 instrument, never a device a user can choose.
 
 What it checks that a GPU would not tell you: every pointer a launch or copy touches lies inside one live
@@ -120,10 +121,11 @@ class HostDevice:
     def __init__(self, total_bytes: int = 8 << 30, order: str = "ahead", kernels: str = "reference") -> None:
         if order not in ("ahead", "behind"):
             raise BackendError(f"[cuda-host] order must be 'ahead' or 'behind', found {order!r}")
-        if kernels not in ("reference", "compiled"):
-            raise BackendError(f"[cuda-host] kernels must be 'reference' or 'compiled', found {kernels!r}")
+        if kernels not in ("reference", "compiled", "all"):
+            raise BackendError(f"[cuda-host] kernels must be 'reference', 'compiled' or 'all', found {kernels!r}")
         self.order = order
-        self.kernels = kernels  # "compiled": the host build of the CUDA source where exact (host_kernels.py)
+        self.kernels = kernels  # "compiled": the thread-local kernels' CUDA source built for the host; "all": every
+        # kernel's (the warp- and block-level ones with a thread per CUDA thread: slow, for the kernel tests)
         self.mem = HostMemory()
         self.total_bytes = int(total_bytes)
         self._streams: list[HostStream] = [HostStream(0)]
@@ -260,10 +262,10 @@ class HostDevice:
         check_args(module, kernel, args)
         values = tuple(a.ptr if isinstance(a, DeviceBuffer) else a.value for a in args)
         compiled = None
-        if self.kernels == "compiled":
+        if self.kernels != "reference":
             from uaii.backends.cuda.host_kernels import host_kernel
 
-            compiled = host_kernel(kernel)
+            compiled = host_kernel(kernel, threaded=self.kernels == "all")
         fn = reference(kernel)
 
         def run() -> None:

@@ -8,9 +8,16 @@ launch's grid. ``HostDevice(kernels="compiled")`` then runs those launches throu
 GEMV, the norms, the softmax, the int8 GEMM — through their references): a model's tokens on it check the indexing,
 the strides and the arithmetic of the CUDA source on any machine.
 
-What it cannot show: races, and the warp- and block-level kernels (which run through their references). The math
-library is the host's (expf, erff, tanhf, sincos: within an ulp or two of CUDA's). The build is cached under
-``$UAII_CACHE_DIR/cuda-host`` keyed by the sources' digest, like NVRTC's CUBINs.
+The warp- and block-level kernels (GEMV, the int8 GEMM, the norms, the softmax) are built too, in a second library
+whose blocks run one after another as one OS thread per CUDA thread: ``__syncthreads`` is a barrier of the block's
+threads, ``__shfl_down_sync`` an exchange through a per-warp array between two barriers of the warp, ``__shared__``
+one static array (a block at a time). That is exact for these kernels (their shuffles and barriers are reached by
+every thread of a warp or block) and slow — thousands of threads per launch — so ``kernels="all"`` uses it (the
+kernel tests), ``kernels="compiled"`` not (model runs: those launches go through their references).
+
+What it cannot show: races between threads, and speed. The math library is the host's (expf, erff, tanhf, sincos:
+within an ulp or two of CUDA's). Builds are cached under ``$UAII_CACHE_DIR/cuda-host`` keyed by the sources' digest,
+like NVRTC's CUBINs.
 """
 
 from __future__ import annotations
@@ -38,19 +45,13 @@ THREAD_LOCAL = ("swiglu", "geglu", "add", "bcast", "unary", "copy_rows", "rope",
                 "kv_store", "moe_route", "moe_combine", "quant_act")
 """Kernels whose threads never communicate (plus every dequant_/rows_): a sequential run over the grid is exact."""
 
-SHIM = r"""
-#include <math.h>
-#include <string.h>
-struct uk_dim3 { unsigned x, y, z; };
-static uk_dim3 blockIdx, threadIdx, blockDim, gridDim;
+_BUILTINS = r"""
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __restrict__
 #define __shared__ static
 #define __launch_bounds__(x)
-static inline void __syncthreads() {}
-static inline float __shfl_down_sync(unsigned, float v, int) { return v; }  /* never called: warp kernels excluded */
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
@@ -59,6 +60,55 @@ static inline int __dp4a(int a, int b, int c) {
     return c;
 }
 """
+"""The CUDA built-ins the kernels use, for the host compiler (both builds)."""
+
+SHIM = r"""
+#include <math.h>
+#include <string.h>
+struct uk_dim3 { unsigned x, y, z; };
+static uk_dim3 blockIdx, threadIdx, blockDim, gridDim;
+""" + _BUILTINS + r"""
+static inline void __syncthreads() {}
+static inline float __shfl_down_sync(unsigned, float v, int) { return v; }  /* never called: warp kernels excluded */
+"""
+
+
+THREADED_MODULES = ("gemv", "ops", "attention", "mmq")
+THREADED = ("rms_norm", "add_rms_norm", "layer_norm", "attn_softmax")
+"""Kernels whose threads meet in shuffles or barriers (plus every gemv_, gemv_idx_ and mmq_): the threaded build."""
+
+THREADED_SHIM = r"""
+#include <math.h>
+#include <string.h>
+#include <barrier>
+#include <memory>
+#include <thread>
+#include <vector>
+struct uk_dim3 { unsigned x, y, z; };
+static thread_local uk_dim3 threadIdx;
+static uk_dim3 blockIdx, blockDim, gridDim;
+static std::barrier<> *uk_block_bar;
+static std::vector<std::unique_ptr<std::barrier<>>> uk_warp_bars;
+static unsigned uk_threads;
+static float uk_lanes[32][32];
+""" + _BUILTINS + r"""
+static inline unsigned uk_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+static inline void __syncthreads() { uk_block_bar->arrive_and_wait(); }
+static inline float __shfl_down_sync(unsigned, float v, int off) {
+    const unsigned t = uk_tid(), w = t / 32, l = t % 32, width = uk_threads - 32 * w < 32 ? uk_threads - 32 * w : 32;
+    uk_lanes[w][l] = v;
+    uk_warp_bars[w]->arrive_and_wait();
+    const float r = l + off < width ? uk_lanes[w][l + off] : v;
+    uk_warp_bars[w]->arrive_and_wait();
+    return r;
+}
+"""
+
+
+def threaded_kernel_names() -> tuple[str, ...]:
+    """Every kernel the threaded build runs."""
+    return tuple(k for m in THREADED_MODULES for k in MODULES[m].kernels
+                 if k in THREADED or k.startswith(("gemv_", "mmq_")))
 
 
 def host_kernel_names() -> tuple[str, ...]:
@@ -96,56 +146,72 @@ def _kernels_dir() -> Any:
     return resources.files("uaii.backends.cuda") / "kernels"
 
 
-def _wrapper(kernel: str, params: list[tuple[str, str]]) -> tuple[str, str]:
+def _wrapper(kernel: str, params: list[tuple[str, str]], threaded: bool = False) -> tuple[str, str]:
     """(C++ definition, cffi declaration) of ``run_<kernel>``: the grid loop around the kernel, arguments passed as
-    void pointers and plain scalars, cast to the kernel's own types."""
+    void pointers and plain scalars, cast to the kernel's own types; ``threaded``: each block's threads as OS
+    threads with the block's and the warps' barriers."""
     def generic(ctype: str) -> str:
         return "void *" if "*" in ctype else ctype.replace("const ", "")
     args = ", ".join(f"{generic(t)} a{i}" for i, (t, _) in enumerate(params))
     head = f'extern "C" void run_{kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, ' \
            f'unsigned bz{", " + args if args else ""})'
     call = ", ".join(f"({t})a{i}" for i, (t, _) in enumerate(params))
-    body = (f"{head} {{\n  gridDim = {{gx, gy, gz}}; blockDim = {{bx, by, bz}};\n"
-            "  for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++)\n"
-            "    for (unsigned tz = 0; tz < bz; tz++) for (unsigned ty = 0; ty < by; ty++)\n"
-            "      for (unsigned tx = 0; tx < bx; tx++) {\n"
-            "        blockIdx = {x, y, z}; threadIdx = {tx, ty, tz};\n"
-            f"        {kernel}({call});\n      }}\n}}\n")
+    blocks = "  for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++)"
+    if not threaded:
+        body = (f"{head} {{\n  gridDim = {{gx, gy, gz}}; blockDim = {{bx, by, bz}};\n{blocks}\n"
+                "    for (unsigned tz = 0; tz < bz; tz++) for (unsigned ty = 0; ty < by; ty++)\n"
+                "      for (unsigned tx = 0; tx < bx; tx++) {\n"
+                "        blockIdx = {x, y, z}; threadIdx = {tx, ty, tz};\n"
+                f"        {kernel}({call});\n      }}\n}}\n")
+    else:
+        body = (f"{head} {{\n  gridDim = {{gx, gy, gz}}; blockDim = {{bx, by, bz}};\n"
+                "  const unsigned nt = bx * by * bz;\n  uk_threads = nt;\n"
+                "  std::barrier<> bar(nt);\n  uk_block_bar = &bar;\n  uk_warp_bars.clear();\n"
+                "  for (unsigned w = 0; w * 32 < nt; w++)\n"
+                "    uk_warp_bars.emplace_back(new std::barrier<>(nt - 32 * w < 32 ? nt - 32 * w : 32));\n"
+                f"{blocks} {{\n    blockIdx = {{x, y, z}};\n    std::vector<std::thread> ts;\n"
+                "    for (unsigned t = 0; t < nt; t++) ts.emplace_back([&, t] {\n"
+                "      threadIdx = {t % bx, (t / bx) % by, t / (bx * by)};\n"
+                f"      {kernel}({call});\n    }});\n    for (auto &th : ts) th.join();\n  }}\n}}\n")
     return body, head.removeprefix('extern "C" ') + ";"
 
 
-def _digest() -> str:
-    h = hashlib.sha256(SHIM.encode())
-    for name in (*HEADERS, *(f"{m}.cu" for m in HOST_MODULES)):
+def _digest(flavour: str) -> str:
+    shim, modules, names = _FLAVOURS[flavour]
+    h = hashlib.sha256(shim.encode())
+    for name in (*HEADERS, *(f"{m}.cu" for m in modules)):
         h.update(name.encode() + b"\0" + source(name).encode() + b"\0")
-    h.update(",".join(host_kernel_names()).encode())
+    h.update(",".join(names()).encode())
     return h.hexdigest()[:20]
 
 
 @cache
-def _library() -> Any:
-    """The built module (cffi, C++), from the cache when its digest matches."""
+def _library(flavour: str = "sequential") -> Any:
+    """The built module of ``flavour`` (cffi, C++), from the cache when its digest matches."""
     from cffi import FFI
 
-    tag = f"uk_cuda_host_{_digest()}"
+    shim, modules, names_of = _FLAVOURS[flavour]
+    threaded = flavour == "threaded"
+    tag = f"uk_cuda_host_{flavour}_{_digest(flavour)}"
     out = cache_dir().parent / "cuda-host"
     out.mkdir(parents=True, exist_ok=True)
     built = next(iter(out.glob(f"{tag}*.so")), None)
-    names = set(host_kernel_names())
+    names = set(names_of())
     sources, decls = [], []
-    for module in HOST_MODULES:
+    for module in modules:
         for kernel, params in _params(module).items():
             if kernel in names:
-                body, decl = _wrapper(kernel, params)
+                body, decl = _wrapper(kernel, params, threaded)
                 sources.append(body)
                 decls.append(decl)
     ffi = FFI()
     ffi.cdef("\n".join(decls))
     if built is None:
-        code = SHIM + "".join(f'#include "{m}.cu"\n' for m in HOST_MODULES) + "\n".join(sources)
+        code = shim + "".join(f'#include "{m}.cu"\n' for m in modules) + "\n".join(sources)
+        flags = ["-O2", "-ffp-contract=off", "-w", *(["-std=c++20", "-pthread"] if threaded else [])]
         with tempfile.TemporaryDirectory(dir=out) as tmp:
             ffi.set_source(tag, code, source_extension=".cpp", include_dirs=[str(_kernels_dir())],
-                           extra_compile_args=["-O2", "-ffp-contract=off", "-w"])
+                           extra_compile_args=flags, extra_link_args=["-pthread"] if threaded else [])
             path = Path(ffi.compile(tmpdir=tmp))
             built = out / path.name
             os.replace(path, built)  # whole or not at all, as NVRTC's cache
@@ -158,12 +224,16 @@ def _library() -> Any:
     return mod
 
 
-def host_kernel(kernel: str) -> Callable[[Any, tuple[Any, ...]], None] | None:
+def host_kernel(kernel: str, threaded: bool = False) -> Callable[[Any, tuple[Any, ...]], None] | None:
     """``fn(launch, values)`` running the host build of ``kernel`` over the launch's grid (pointers as real
-    addresses), or None when the kernel is not one the host can run exactly."""
-    if kernel not in host_kernel_names():
+    addresses): a thread-local kernel from the sequential build, a warp- or block-level one from the threaded build
+    when ``threaded``; None otherwise."""
+    if kernel in host_kernel_names():
+        mod = _library("sequential")
+    elif threaded and kernel in threaded_kernel_names():
+        mod = _library("threaded")
+    else:
         return None
-    mod = _library()
     fn = getattr(mod.lib, f"run_{kernel}")
     ffi = mod.ffi
 
@@ -180,4 +250,10 @@ def _kinds(kernel: str) -> str:
     return signature(kernel)
 
 
-__all__ = ["HOST_MODULES", "THREAD_LOCAL", "host_kernel", "host_kernel_names"]
+_FLAVOURS: dict[str, tuple[str, tuple[str, ...], Callable[[], tuple[str, ...]]]] = {
+    "sequential": (SHIM, HOST_MODULES, host_kernel_names),
+    "threaded": (THREADED_SHIM, THREADED_MODULES, threaded_kernel_names),
+}
+
+__all__ = ["HOST_MODULES", "THREADED", "THREADED_MODULES", "THREAD_LOCAL", "host_kernel", "host_kernel_names",
+           "threaded_kernel_names"]
