@@ -133,6 +133,8 @@ class HostDevice:
         self.launches: list[str] = []  # kernel names in the order they ran (tests read it)
         self.compiled_launches = 0  # of them, run by the host build of the CUDA source
         self.closed = False
+        self._draining = False
+        self._deferred: list[int] = []  # frees asked for while queued work ran
 
     # --- memory ------------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> DeviceBuffer:
@@ -144,7 +146,13 @@ class HostDevice:
         return buf
 
     def free(self, buf: DeviceBuffer) -> None:
+        """Free once the queued work is done. Called while work runs (a KV state collected by the garbage collector
+        in the middle of a launch's reference), the free waits until the queues are drained: draining again from
+        inside would run later work before the launch in progress ends."""
         if self._buffers.pop(buf.ptr, None) is not None:
+            if self._draining:
+                self._deferred.append(buf.ptr)
+                return
             self.synchronize()
             self.mem.free(buf.ptr)
 
@@ -221,7 +229,19 @@ class HostDevice:
 
     def _drain(self, done: Callable[[], bool]) -> None:
         """Run queued work until ``done()``: the first stream in the order's priority that can move runs as far as
-        it can, then the priorities are looked at again (see the module doc)."""
+        it can, then the priorities are looked at again (see the module doc). Not re-entered: a wait from inside
+        queued work (a finalizer's free) is deferred to the end of this drain."""
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            self._drain_until(done)
+        finally:
+            self._draining = False
+        while self._deferred:
+            self.mem.free(self._deferred.pop())
+
+    def _drain_until(self, done: Callable[[], bool]) -> None:
         prio = sorted(self._streams, key=lambda s: -s.index if self.order == "ahead" else s.index)
         while not done():
             for s in prio:
