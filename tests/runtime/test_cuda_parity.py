@@ -63,10 +63,12 @@ def test_decoder_matches_transformers_on_cuda(tmp_path: Path, arch: str, device:
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
-def test_expert_banks_stream_in_pieces_of_experts(tmp_path: Path, arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A device budget below the model's weights streams the banks (one tensor per expert in the HF checkpoint,
-    gathered per piece): the logits are the resident run's, bit for bit, with the copies ahead of the kernels or
-    behind them."""
+def test_streamed_expert_banks_move_only_the_chosen_experts(tmp_path: Path, arch: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device budget below the model's weights streams the expert banks (one tensor per expert in the HF
+    checkpoint): a step copies the experts its router chose, not the banks — a decode step moves at most top_k of
+    the n_experts of each bank — and the logits are the resident run's, bit for bit, with the other streamed
+    weights' copies ahead of the kernels or behind them."""
     hf = H.save_tiny(arch, tmp_path / arch)
     ids = np.random.default_rng(3).integers(3, 64, size=N_PREFILL + N_DECODE).astype(np.int64)
     monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=HostDevice()))
@@ -79,6 +81,21 @@ def test_expert_banks_stream_in_pieces_of_experts(tmp_path: Path, arch: str, mon
             assert res is not None and any("exps" in r or "experts" in r for r in res.streamed), res.describe()
         streamed = _steps(hf, ids, max_context=64, max_batch=16, gpu_budget_bytes=160 << 10)
         np.testing.assert_array_equal(streamed, resident)
+    dev = HostDevice()
+    monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=dev))
+    with Session(hf, device="cuda", plan_cache=False, max_context=64, max_batch=16, gpu_budget_bytes=160 << 10) as s:
+        streamed_refs = set(s.device_residency.streamed)  # type: ignore[union-attr]
+        moe = next(n for n in s.graph.nodes if n.op.startswith("MoEExperts"))
+        k, e = int(moe.attrs["top_k"].value), int(moe.attrs["n_experts"].value)
+        sizes = {str(t.weight): t.dtype.nbytes(int(np.prod([int(d) for d in t.shape])))
+                 for t in s.graph.tensors if t.is_weight and str(t.weight) in streamed_refs}
+        banks = sum(n for r, n in sizes.items() if "exps" in r or "experts" in r)
+        s.forward(ids[:N_PREFILL].tolist())
+        before = dev.h2d_bytes
+        s.forward([int(ids[N_PREFILL])])
+        moved = dev.h2d_bytes - before
+    # the chosen experts, the other streamed weights, and a few hundred bytes of feeds, tables and indices
+    assert banks and moved < sum(sizes.values()) - banks * (1 - k / e) + 4096, (moved, banks)
 
 
 def test_bert_and_all_rows_match_transformers_on_cuda(tmp_path: Path, device: Any,

@@ -91,6 +91,7 @@ class Binding:
     batched: bool
     pieces: list[Piece]
     owned: list[Any] = field(default_factory=list)
+    owned_host: list[Any] = field(default_factory=list)
     tables: Any = None
     pinned_tables: Any = None
     pinned_io: Any = None
@@ -284,6 +285,8 @@ class CudaExecutable:
         except BaseException:
             for buf in b.owned:
                 self.dev.free(buf)
+            for h in b.owned_host:
+                self.dev.free_host(h)
             if b.tables is not None:
                 self.dev.free(b.tables)
                 self.dev.free_host(b.pinned_tables)
@@ -291,7 +294,8 @@ class CudaExecutable:
         feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, _count(types[n].shape)))
                  for n in self.input_names]
         outputs = [(n, addr[n], types[n].dtype, types[n].shape) for n in self.output_names]
-        binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.tables, b.pinned_tables)
+        binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.owned_host, b.tables,
+                          b.pinned_tables)
         if b.pieces:
             self._ensure_slots(max(p.nbytes for p in b.pieces))
             self._lock([p for p in b.pieces if p.name in self.lockable and p.form != "gather"])
@@ -331,6 +335,8 @@ class CudaExecutable:
         self.dev.synchronize()
         for buf in b.owned:
             self.dev.free(buf)
+        for h in b.owned_host:
+            self.dev.free_host(h)
         if b.tables is not None:
             self.dev.free(b.tables)
             self.dev.free_host(b.pinned_tables)
@@ -479,6 +485,10 @@ class CudaExecutable:
     def weight(self, name: str, form: str) -> int:
         """Device address of weight ``name`` in ``form``, resident (uploaded on first use)."""
         return self._weight(name, form)
+
+    def expert_bytes(self, bank: str, expert: int, nbytes: int) -> np.ndarray:
+        """The stored bytes of one expert of a bank (rows ``[expert, expert + 1)``; an HF bank's own tensor)."""
+        return self._piece_bytes(Piece(bank, "packed", expert, expert + 1, nbytes))
 
     def pieces_of(self, name: str, form: str) -> list[Piece]:
         return self._pieces(name, form)

@@ -132,6 +132,7 @@ class HostDevice:
         self._buffers: dict[int, DeviceBuffer] = {}
         self.launches: list[str] = []  # kernel names in the order they ran (tests read it)
         self.compiled_launches = 0  # of them, run by the host build of the CUDA source
+        self.h2d_bytes = 0  # host -> device bytes queued (tests read what a step moved)
         self.closed = False
         self._draining = False
         self._deferred: list[int] = []  # frees asked for while queued work ran
@@ -257,6 +258,7 @@ class HostDevice:
         """Copy ``src`` (pinned host memory, kept alive by the caller until the stream passes this copy)."""
         view = src.reshape(-1).view(np.uint8)
         self.mem.bytes(dst, view.size, "copy_htod")  # the destination is checked when queued
+        self.h2d_bytes += view.size
 
         def run() -> None:
             self.mem.bytes(dst, view.size, "copy_htod")[:] = view

@@ -80,6 +80,7 @@ class Binder:
         self.steps: list[Callable[[RunContext], None]] = []
         self.pieces: list[Piece] = []
         self.owned: list[Any] = []
+        self.owned_host: list[Any] = []  # page-locked host buffers, freed with the binding
         self.n_new = 0
         self.tables: Any = None
         self.pinned_tables: Any = None
@@ -549,8 +550,8 @@ class Binder:
 
     def op_MoEExperts(self, info: NodeInfo) -> None:
         """The chosen experts only: gate and up GEMVs per (token, slot) pair on its expert, the activation, the down
-        GEMV per pair, then each token's weighted sum. A streamed bank moves in pieces of whole experts; each
-        pair is computed by the piece that holds its expert."""
+        GEMV per pair, then each token's weighted sum. A streamed bank moves only the experts the router chose
+        (:meth:`_gathered_experts`)."""
         x, weights, indices, gate, up, down = info.node.inputs[:6]
         y = info.node.outputs[0]
         e, k = int(info.attrs["n_experts"]), int(info.attrs["top_k"])
@@ -587,16 +588,19 @@ class Binder:
             dtype = banks[bank][0]
             kernel, row_bytes = f"gemv_idx_{TYPES[dtype][1]}", dtype.nbytes(cols)
 
-            def launch(pw: int, e0: int, count: int) -> None:
+            def launch(pw: int, e0: int, count: int, idx: int = pidx) -> None:
                 for s0 in range(0, pairs, chunk):
                     n_pairs = min(chunk, pairs - s0)
                     at = geometry.Launch((geometry.gemv(rows).grid[0], n_pairs, 1), (geometry.WARP,
                                                                                       geometry.GEMV_WARPS, 1))
                     dev.launch("gemv", kernel, at, c_p(pw), c_ll(rows * row_bytes), c_ll(row_bytes), c_int(rows),
                                c_int(cols), c_p(src + 4 * (s0 // x_div) * ldx), c_ll(ldx), c_int(x_div),
-                               c_p(pidx + 4 * s0), c_int(e0), c_int(e0 + count), c_p(dst + 4 * s0 * rows),
+                               c_p(idx + 4 * s0), c_int(e0), c_int(e0 + count), c_p(dst + 4 * s0 * rows),
                                c_ll(rows), stream=stream)
-            self.weight_reader(bank, "packed", e, launch)
+            if bank in self.exe.streamed:
+                self._gathered_experts(info, bank, rows * row_bytes, pairs, launch)
+            else:
+                self.weight_reader(bank, "packed", e, launch)
 
         products(gate, px, d, k, hg, ff, d)
         products(up, px, d, k, hu, ff, d)
@@ -613,6 +617,45 @@ class Binder:
 
     def op_MoEExpertsSwiGLU(self, info: NodeInfo) -> None:
         self.op_MoEExperts(info)
+
+    def _gathered_experts(self, info: NodeInfo, bank: str, expert_bytes: int, pairs: int,
+                          launch: Callable[..., None]) -> None:
+        """A streamed bank's products on the experts the router chose, and on them alone: the step reads the
+        indices back (one small copy and a wait per bank), copies the distinct experts into an expert buffer of at
+        most one staging slot's bytes (groups of them when more were chosen than it holds) and runs the products
+        with the indices remapped into the buffer (-1: another group's). A decode step of a top-k router moves k
+        experts of each bank, not the bank."""
+        e = int(info.attrs["n_experts"])
+        per = max(1, self.exe.chunk_bytes // expert_bytes) if self.exe.chunk_bytes else e
+        group = max(1, min(e, pairs, per))
+        buf = self.dev.alloc(group * expert_bytes)
+        remap = self.dev.alloc(4 * pairs)
+        self.owned += [buf, remap]
+        host = self.dev.alloc_host(group * expert_bytes + 8 * pairs)
+        self.owned_host.append(host)
+        experts = host[:group * expert_bytes]
+        chosen_host = host[group * expert_bytes:group * expert_bytes + 4 * pairs].view(np.int32)
+        remap_host = host[group * expert_bytes + 4 * pairs:].view(np.int32)
+        dev, stream, exe = self.dev, self.exe.stream, self.exe
+        pidx, ebuf, pmap = self.a(info.node.inputs[2]), int(buf.ptr), int(remap.ptr)
+
+        def step(ctx: RunContext) -> None:
+            dev.copy_dtoh(chosen_host, pidx, stream)
+            dev.sync_stream(stream)
+            idx = chosen_host.copy()
+            distinct = np.unique(idx)
+            for g0 in range(0, distinct.size, group):
+                members = distinct[g0:g0 + group]
+                dev.sync_stream(stream)  # the last group's products have read the buffer and the remap
+                for j, ex in enumerate(members.tolist()):
+                    experts[j * expert_bytes:(j + 1) * expert_bytes] = exe.expert_bytes(bank, ex, expert_bytes)
+                at = np.minimum(np.searchsorted(members, idx), members.size - 1)
+                remap_host[:] = np.where(members[at] == idx, at, -1)
+                dev.copy_htod(ebuf, experts[:members.size * expert_bytes], stream)
+                dev.copy_htod(pmap, remap_host, stream)
+                launch(ebuf, 0, int(members.size), pmap)
+            dev.sync_stream(stream)  # the host buffer is refilled by the next bank's step
+        self.steps.append(step)
 
     def op_Slice(self, info: NodeInfo) -> None:
         x, y = info.node.inputs[0], info.node.outputs[0]
