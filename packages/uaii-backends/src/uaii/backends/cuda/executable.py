@@ -91,7 +91,6 @@ class Binding:
     batched: bool
     pieces: list[Piece]
     owned: list[Any] = field(default_factory=list)
-    owned_host: list[Any] = field(default_factory=list)
     tables: Any = None
     pinned_tables: Any = None
     pinned_io: Any = None
@@ -152,6 +151,7 @@ class CudaExecutable:
         self._read = [dev.event() for _ in range(STAGING_SLOTS)]    # the kernels that read a slot were queued
         self._ids = dev.upload(np.arange(self.max_tokens, dtype=np.int32))  # rows of a host-gathered embedding
         self._current: Binding | None = None
+        self._experts: tuple[Any, Any, Any] | None = None  # the expert area of streamed banks (expert_area)
         self._feeds: Mapping[str, np.ndarray] = {}
 
     # --- weights ---------------------------------------------------------------------------------------------
@@ -285,8 +285,6 @@ class CudaExecutable:
         except BaseException:
             for buf in b.owned:
                 self.dev.free(buf)
-            for h in b.owned_host:
-                self.dev.free_host(h)
             if b.tables is not None:
                 self.dev.free(b.tables)
                 self.dev.free_host(b.pinned_tables)
@@ -294,8 +292,7 @@ class CudaExecutable:
         feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, _count(types[n].shape)))
                  for n in self.input_names]
         outputs = [(n, addr[n], types[n].dtype, types[n].shape) for n in self.output_names]
-        binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.owned_host, b.tables,
-                          b.pinned_tables)
+        binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.tables, b.pinned_tables)
         if b.pieces:
             self._ensure_slots(max(p.nbytes for p in b.pieces))
             self._lock([p for p in b.pieces if p.name in self.lockable and p.form != "gather"])
@@ -335,8 +332,6 @@ class CudaExecutable:
         self.dev.synchronize()
         for buf in b.owned:
             self.dev.free(buf)
-        for h in b.owned_host:
-            self.dev.free_host(h)
         if b.tables is not None:
             self.dev.free(b.tables)
             self.dev.free_host(b.pinned_tables)
@@ -486,6 +481,27 @@ class CudaExecutable:
         """Device address of weight ``name`` in ``form``, resident (uploaded on first use)."""
         return self._weight(name, form)
 
+    def expert_area(self, nbytes: int, pairs: int) -> tuple[int, int, np.ndarray]:
+        """The device buffer streamed banks' chosen experts are copied into, their remapped indices' buffer and the
+        page-locked host buffer both are staged through: one for every bank and layer (each step that uses it waits
+        for its work before it returns), grown to the largest need."""
+        need_host = nbytes + 8 * pairs
+        if self._experts is None or self._experts[0].nbytes < nbytes or self._experts[1].nbytes < 4 * pairs:
+            self._free_experts()
+            self._experts = (self.dev.alloc(nbytes), self.dev.alloc(4 * pairs), self.dev.alloc_host(need_host))
+        if self._experts[2].size < need_host:
+            self.dev.free_host(self._experts[2])
+            self._experts = (*self._experts[:2], self.dev.alloc_host(need_host))
+        ebuf, remap, host = self._experts
+        return int(ebuf.ptr), int(remap.ptr), host
+
+    def _free_experts(self) -> None:
+        if self._experts is not None:
+            self.dev.free(self._experts[0])
+            self.dev.free(self._experts[1])
+            self.dev.free_host(self._experts[2])
+            self._experts = None
+
     def expert_bytes(self, bank: str, expert: int, nbytes: int) -> np.ndarray:
         """The stored bytes of one expert of a bank (rows ``[expert, expert + 1)``; an HF bank's own tensor)."""
         return self._piece_bytes(Piece(bank, "packed", expert, expert + 1, nbytes))
@@ -530,7 +546,8 @@ class CudaExecutable:
 
     def memory(self) -> ExecutableMemory:
         per_token = kv_bytes_per_token(self.graph) if self.kv is not None else 0
-        staging = STAGING_SLOTS * self._slot_bytes + (self._scores.nbytes if self._scores is not None else 0)
+        staging = STAGING_SLOTS * self._slot_bytes + (self._scores.nbytes if self._scores is not None else 0) + \
+            (self._experts[0].nbytes + self._experts[1].nbytes if self._experts is not None else 0)
         return ExecutableMemory(arena_bytes=self._arena_bytes, weight_bytes=self.weight_bytes,
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="device")
 
@@ -548,6 +565,7 @@ class CudaExecutable:
         with contextlib.suppress(Exception):
             self.dev.synchronize()
         self._drop_bindings()
+        self._free_experts()
         for buf in (*self._resident.values(), *self._derived.values(), *self._slots, self._arena, self._scores,
                     self._ids):
             if buf is not None:

@@ -80,7 +80,6 @@ class Binder:
         self.steps: list[Callable[[RunContext], None]] = []
         self.pieces: list[Piece] = []
         self.owned: list[Any] = []
-        self.owned_host: list[Any] = []  # page-locked host buffers, freed with the binding
         self.n_new = 0
         self.tables: Any = None
         self.pinned_tables: Any = None
@@ -628,18 +627,15 @@ class Binder:
         e = int(info.attrs["n_experts"])
         per = max(1, self.exe.chunk_bytes // expert_bytes) if self.exe.chunk_bytes else e
         group = max(1, min(e, pairs, per))
-        buf = self.dev.alloc(group * expert_bytes)
-        remap = self.dev.alloc(4 * pairs)
-        self.owned += [buf, remap]
-        host = self.dev.alloc_host(group * expert_bytes + 8 * pairs)
-        self.owned_host.append(host)
-        experts = host[:group * expert_bytes]
-        chosen_host = host[group * expert_bytes:group * expert_bytes + 4 * pairs].view(np.int32)
-        remap_host = host[group * expert_bytes + 4 * pairs:].view(np.int32)
         dev, stream, exe = self.dev, self.exe.stream, self.exe
-        pidx, ebuf, pmap = self.a(info.node.inputs[2]), int(buf.ptr), int(remap.ptr)
+        pidx = self.a(info.node.inputs[2])
+        exe.expert_area(group * expert_bytes, pairs)  # sized at bind time: the run allocates nothing
 
         def step(ctx: RunContext) -> None:
+            ebuf, pmap, host = exe.expert_area(group * expert_bytes, pairs)
+            experts = host[:group * expert_bytes]
+            chosen_host = host[group * expert_bytes:group * expert_bytes + 4 * pairs].view(np.int32)
+            remap_host = host[group * expert_bytes + 4 * pairs:group * expert_bytes + 8 * pairs].view(np.int32)
             dev.copy_dtoh(chosen_host, pidx, stream)
             dev.sync_stream(stream)
             idx = chosen_host.copy()
@@ -654,7 +650,7 @@ class Binder:
                 dev.copy_htod(ebuf, experts[:members.size * expert_bytes], stream)
                 dev.copy_htod(pmap, remap_host, stream)
                 launch(ebuf, 0, int(members.size), pmap)
-            dev.sync_stream(stream)  # the host buffer is refilled by the next bank's step
+            dev.sync_stream(stream)  # the shared expert area is free for the next bank's step
         self.steps.append(step)
 
     def op_Slice(self, info: NodeInfo) -> None:
