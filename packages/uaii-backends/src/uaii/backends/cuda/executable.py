@@ -155,18 +155,20 @@ class CudaExecutable:
         self._feeds: Mapping[str, np.ndarray] = {}
 
     # --- weights ---------------------------------------------------------------------------------------------
-    def _host(self, name: str) -> np.ndarray:
+    def _with_host(self, name: str, use: Callable[[np.ndarray], Any]) -> Any:
+        """``use(data)`` on the host data of a weight or constant, which is valid only during the call (a store's
+        view is released after it): an upload or a conversion reads it in place, without a copy first."""
         t = self._tmap[name]
         if per_expert(t):  # an HF bank: one tensor per expert, gathered
-            return gather_experts(self._source, t, 0, int(t.shape[0]), release=True)
+            return use(gather_experts(self._source, t, 0, int(t.shape[0]), release=True))
         if t.is_constant:
             assert t.data is not None
             raw = np.frombuffer(t.data, np.uint8)
-            return raw if t.dtype.is_quantized else raw.view(t.dtype.numpy).reshape(tuple(int(d) for d in t.shape))
+            return use(raw if t.dtype.is_quantized else raw.view(t.dtype.numpy).reshape(tuple(int(d) for d in t.shape)))
         ref = weight_key(t)
         data = self._source.acquire(ref)
         try:
-            return np.array(data, copy=True)
+            return use(np.asarray(data))
         finally:
             self._source.release(ref)
 
@@ -188,16 +190,16 @@ class CudaExecutable:
             return dequantize(raw, t.dtype, count).astype(np.float32).view(np.uint8)
         return to_device(np.asarray(data), t.dtype).view(np.uint8)
 
-    def _weight(self, name: str, form: str) -> int:
-        """Device address of a resident weight in ``form`` (uploaded once, on first use)."""
+    def weight(self, name: str, form: str) -> int:
+        """Device address of weight ``name`` in ``form``, resident (uploaded once, on first use)."""
         key = (name, form)
         if key not in self._resident:
-            data = self._form(name, form, self._host(name))
-            self._resident[key] = self.dev.upload(data)
-            self.weight_bytes += data.nbytes
+            buf = self._with_host(name, lambda data: self.dev.upload(self._form(name, form, data)))
+            self._resident[key] = buf
+            self.weight_bytes += buf.nbytes
         return int(self._resident[key].ptr)
 
-    def _pieces(self, name: str, form: str) -> list[Piece]:
+    def pieces_of(self, name: str, form: str) -> list[Piece]:
         """A streamed weight as pieces of whole rows, each at most ``chunk_bytes`` (at least one row)."""
         t = self._tmap[name]
         shape = tuple(int(d) for d in t.shape)
@@ -236,15 +238,15 @@ class CudaExecutable:
             return np.concatenate([rows[i] for i in ids.tolist()]) if ids.size else np.zeros(0, np.uint8)
         if per_expert(t):
             return gather_experts(self._source, t, p.start, p.stop, release=True)
-        if p.form == "packed_t":  # rows of the transpose: the whole weight is read and transposed
-            return self._form(p.name, p.form, self._host(p.name)).reshape(shape[1], -1)[p.start:p.stop].reshape(-1)
+        if p.form == "packed_t":  # rows of the transpose: the whole weight is read and transposed (a new array)
+            return self._with_host(p.name, lambda data: self._form(p.name, p.form, data).reshape(shape[1], -1)[
+                p.start:p.stop].reshape(-1))
         whole = p.start == 0 and p.stop == (shape[0] if len(shape) > 1 else 1)
         key = ref if whole or t.weight is None or len(shape) < 2 else rows_ref(ref, p.start, p.stop)
         data = np.asarray(self._source.acquire(key))
         try:
-            if key == ref and not whole:
-                data = data.reshape(shape[0], -1)[p.start:p.stop] if not t.dtype.is_quantized else \
-                    np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(shape[0], -1)[p.start:p.stop]
+            if key == ref and not whole:  # a caller's array: its rows (raw bytes or typed values alike)
+                data = data.reshape(shape[0], -1)[p.start:p.stop]
             return self._form(p.name, p.form, data)
         finally:
             self._source.release(key)
@@ -282,12 +284,8 @@ class CudaExecutable:
         try:
             for info in self.infos:
                 b.lower(info)
-        except BaseException:
-            for buf in b.owned:
-                self.dev.free(buf)
-            if b.tables is not None:
-                self.dev.free(b.tables)
-                self.dev.free_host(b.pinned_tables)
+        except BaseException:  # what the lowering allocated goes as a finished binding's would
+            self._free_binding(Binding([], [], [], 0, batched, [], b.owned, b.tables, b.pinned_tables))
             raise
         feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, _count(types[n].shape)))
                  for n in self.input_names]
@@ -477,10 +475,6 @@ class CudaExecutable:
     def tensor(self, name: str) -> Any:
         return self._tmap[name]
 
-    def weight(self, name: str, form: str) -> int:
-        """Device address of weight ``name`` in ``form``, resident (uploaded on first use)."""
-        return self._weight(name, form)
-
     def expert_area(self, nbytes: int, pairs: int) -> tuple[int, int, np.ndarray]:
         """The device buffer streamed banks' chosen experts are copied into, their remapped indices' buffer and the
         page-locked host buffer both are staged through: one for every bank and layer (each step that uses it waits
@@ -506,11 +500,9 @@ class CudaExecutable:
         """The stored bytes of one expert of a bank (rows ``[expert, expert + 1)``; an HF bank's own tensor)."""
         return self._piece_bytes(Piece(bank, "packed", expert, expert + 1, nbytes))
 
-    def pieces_of(self, name: str, form: str) -> list[Piece]:
-        return self._pieces(name, form)
-
     def host_f32(self, name: str) -> np.ndarray:
-        return self._form(name, "f32", self._host(name)).view(np.float32)
+        """A weight's values as f32, a host copy (RoPE's frequency factors)."""
+        return self._with_host(name, lambda data: self._form(name, "f32", data).view(np.float32).copy())
 
     def derived(self, key: Any, make: Callable[[], np.ndarray]) -> int:
         """Device address of a value computed on the host once per executable (RoPE frequencies)."""

@@ -297,7 +297,8 @@ class Binder:
         px, py = self.a(x), self.a(node.outputs[0])
         if not rows:
             return
-        self.copy(py, px, 4 * _count(shape)) if px != py else None
+        if px != py:
+            self.copy(py, px, 4 * _count(shape))
         self.launch("ops", "rope", geometry.elementwise(rows * heads * (rot // 2)), c_p(py), c_p(self.a(pos)),
                     c_p(inv), c_int(rows), c_int(heads), c_int(d), c_int(rot), c_int(int(attrs["mode"] == "neox")),
                     c_f(float(attrs["attn_factor"])))
