@@ -177,9 +177,10 @@ class Binder:
             raise self.fail("a streamed Embedding table needs its ids fed by the caller (they are read on the host)")
         p = len(self.pieces)
         self.pieces.append(Piece(table, "gather", 0, r, r * row_bytes, ids=ids))
-        dev, stream, arange = self.dev, self.exe.stream, self.exe.ids_ptr(r)
+        dev, stream, exe = self.dev, self.exe.stream, self.exe
+        exe.ids_ptr(r)  # sized now; read when the step runs (a later, longer binding may grow it)
         self.steps.append(self.exe.piece_step(p, lambda slot: dev.launch(
-            "dequant", kernel, at, c_p(slot), c_ll(row_bytes), c_ll(units), c_p(arange), c_int(r), c_p(y),
+            "dequant", kernel, at, c_p(slot), c_ll(row_bytes), c_ll(units), c_p(exe.ids_ptr(r)), c_int(r), c_p(y),
             stream=stream)))
 
     def _norm_args(self, info: NodeInfo, x: str) -> tuple[int, int, float, int]:
