@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from uaii.backends.base import BackendError
 from uaii.ir import DType
 from uaii.ir.reference import bf16_to_f32, f32_to_bf16
 
@@ -130,7 +131,12 @@ def to_device(a: np.ndarray, dtype: DType) -> np.ndarray:
         return bf16_to_f32(np.ascontiguousarray(a).reshape(-1).view(np.uint16))
     if kind == "f32":
         return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
-    return np.ascontiguousarray(a).astype(np.int32, casting="unsafe").reshape(-1)
+    a = np.ascontiguousarray(a)  # a u32 keeps its bits in the word (the kernels know it is unsigned); 64-bit types
+    if a.dtype.itemsize > 4 and a.dtype.kind in "iu" and a.size and (a.min() < -2 ** 31 or a.max() > 2 ** 31 - 1):
+        bad = a[(a < -2 ** 31) | (a > 2 ** 31 - 1)].flat[0]
+        raise BackendError(f"{dtype.value} value {int(bad)} lies beyond the device's 32-bit integers (a wrapped "
+                           "value would be a wrong number)")
+    return a.astype(np.int32, casting="unsafe").reshape(-1)
 
 
 def from_device(raw: bytes | memoryview, dtype: DType, shape: Sequence[int]) -> np.ndarray:
