@@ -23,15 +23,17 @@ import pytest
 import uaii.kernels as K
 from uaii.backends.base import BackendError
 from uaii.backends.cuda import geometry
-from uaii.backends.cuda.device import DeviceBuffer, first_device
+from uaii.backends.cuda.device import DeviceBuffer
 from uaii.backends.cuda.geometry import Launch
 from uaii.backends.cuda.host import HostDevice
 from uaii.backends.cuda.reference import reference
 from uaii.backends.cuda.sources import MMQ_TYPES, MODULES, TYPES
 from uaii.ir import DType
+from uaii.ir.reference.attention import attention as ir_attention
 from uaii.kernels.testing import random_weight
 
 Int, Long, Flt, Ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_uint64
+Mask = tuple[np.ndarray, bool, list[int], int, int]
 NULL = Ptr(0)
 SENTINEL = np.float32(-7.25)
 
@@ -41,16 +43,10 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(20240607)
 
 
-@pytest.fixture(params=["host", "compiled", "cuda"])
-def dev(request: pytest.FixtureRequest) -> Any:
-    """The host model running the references; the host model running every kernel's CUDA source built by the host
-    compiler (host_kernels.py: the warp- and block-level kernels with a thread per CUDA thread); a CUDA device where
-    there is one."""
-    d = {"host": HostDevice, "compiled": lambda: HostDevice(kernels="all"), "cuda": first_device}[request.param]()
-    if d is None:
-        pytest.skip("no CUDA device")
-    yield d
-    d.close()
+@pytest.fixture
+def dev(cuda_dev: Any) -> Any:
+    """conftest's cuda_dev: the host model (references, or the kernels' CUDA source) and a device where there is one."""
+    return cuda_dev
 
 
 @pytest.fixture
@@ -119,10 +115,18 @@ def test_dequant_and_rows_are_bit_exact(dtype: DType, dev: HostDevice, rng: np.r
     table = random_weight(dtype, n_rows, k, seed=2)
     ids = np.array([4, 0, 8, 4, 3], np.int32)
     dt, di, dy = dev.upload(table), dev.upload(ids), _filled(dev, ids.size * k)
+    fault = dev.upload(np.zeros(1, np.int32))
     dev.launch("dequant", f"rows_{TYPES[dtype][1]}", geometry.elementwise(ids.size * k // 32), dt,
-               Long(dtype.nbytes(k)), Long(k // 32), di, Int(ids.size), dy)
+               Long(dtype.nbytes(k)), Long(k // 32), di, Int(ids.size), dy, Long(n_rows), fault, Int(7))
     got = dev.download(dy, (ids.size, k), np.float32)
     assert np.array_equal(_bits(got), _bits(K.get_rows(table, dtype, k, ids)))
+    assert dev.download(fault, (1,), np.int32)[0] == 0
+    bad = dev.upload(np.array([4, n_rows, -1], np.int32))  # ids outside the table: zeros and the fault code
+    dev.launch("dequant", f"rows_{TYPES[dtype][1]}", geometry.elementwise(3 * k // 32), dt, Long(dtype.nbytes(k)),
+               Long(k // 32), bad, Int(3), dy, Long(n_rows), fault, Int(7))
+    got = dev.download(dy, (3, k), np.float32)
+    assert np.array_equal(_bits(got[0]), _bits(K.get_rows(table, dtype, k, [4])[0])) and not got[1:].any()
+    assert dev.download(fault, (1,), np.int32)[0] == 7
 
 
 def test_partial_rows_touch_only_what_the_grid_covers(dev: HostDevice) -> None:
@@ -131,7 +135,7 @@ def test_partial_rows_touch_only_what_the_grid_covers(dev: HostDevice) -> None:
     table = random_weight(dtype, 4, k, seed=1)
     dt, di, dy = dev.upload(table), dev.upload(np.array([3, 1, 2], np.int32)), _filled(dev, 3 * k)
     dev.launch("dequant", "rows_q4_k", Launch((5, 1, 1), (8, 1, 1)), dt, Long(dtype.nbytes(k)), Long(16), di, Int(3),
-               dy)
+               dy, Long(4), NULL, Int(1))
     got = dev.download(dy, (3 * k,), np.float32)
     want = K.get_rows(table, dtype, k, [3, 1, 2]).reshape(-1)
     assert np.array_equal(got[:40 * 32], want[:40 * 32]) and (got[40 * 32:] == SENTINEL).all()
@@ -233,7 +237,7 @@ def test_unary_activations(dev: HostDevice, rng: np.random.Generator) -> None:
     dx, dy = dev.upload(x), _filled(dev, 500)
     for op, want in ((0, sigmoid(x)), (1, gelu(x)), (2, gelu(x, approximate="tanh")), (3, silu(x)), (4, tanh(x)),
                      (5, relu(x)), (6, neg(x)), (7, exp(x))):
-        dev.launch("ops", "unary", geometry.elementwise(500), dx, Long(500), dy, Int(op))
+        dev.launch("ops", "unary", geometry.elementwise(500), dx, Long(500), dy, Int(op), Flt(0.0), Int(0))
         np.testing.assert_allclose(dev.download(dy, (500,), np.float32), want, rtol=2e-6, atol=2e-6)
 
 
@@ -324,9 +328,10 @@ def test_rope_in_place_with_partial_rotary_dims(neox: int, dev: HostDevice, rng:
 # ------------------------------------------------------------------------------------------- attention
 def _attend(dev: HostDevice, q: np.ndarray, caches: list[tuple[np.ndarray, np.ndarray]], k_pos: list[np.ndarray],
             q_pos: list[int], used: list[int], *, scale: float, window: int = 0, n_sink: int = 0,
-            softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+            softcap: float = 0.0, sinks: np.ndarray | None = None, mask: Mask | None = None) -> np.ndarray:
     """The executor's three launches over rows of [hq, d] queries, row i reading caches[i] (the same arrays may
-    serve several rows: uploaded once), per-row device tables of pointers, flags, lengths and positions."""
+    serve several rows: uploaded once), per-row device tables of pointers, flags, lengths and positions; with a
+    ``mask`` (its values, additive or not, per-row offsets, head and key strides) attn_mask between the first two."""
     rows, hq, d = q.shape
     hkv, dv = caches[0][0].shape[1], caches[0][1].shape[2]
     uploaded: dict[int, DeviceBuffer] = {}
@@ -348,6 +353,10 @@ def _attend(dev: HostDevice, q: np.ndarray, caches: list[tuple[np.ndarray, np.nd
     l1, l2, l3 = geometry.attention(rows, hq, s_max, dv)
     dev.launch("attention", "attn_scores", l1, dev.upload(q), kp, flags, du, dqp, posp, Int(hq), Int(hkv), Int(d),
                Flt(scale), Flt(softcap), Int(window), Int(n_sink), scores, Long(s_max))
+    if mask is not None:
+        values, additive, row_off, h_stride, key_stride = mask
+        dev.launch("attention", "attn_mask", l1, scores, du, dev.upload(values), Int(additive),
+                   table(row_off, np.int64), Long(h_stride), Long(key_stride), Int(hq), Long(s_max))
     dev.launch("attention", "attn_softmax", l2, scores, du, dev.upload(sinks) if sinks is not None else NULL, Int(hq),
                Long(s_max))
     dev.launch("attention", "attn_wsum", l3, scores, vp, flags, du, Int(hq), Int(hkv), Int(dv), Long(s_max), out)
@@ -397,6 +406,64 @@ def test_prefill_rows_share_one_cache_with_their_own_positions(dev: HostDevice, 
     want = K.attention(q[:6], k, v, q_pos=np.array(q_pos[:6], np.int32), k_pos=k_pos, scale=0.15, window=4, n_sink=1)
     np.testing.assert_allclose(got[:6], want, rtol=1e-4, atol=1e-5)
     assert np.array_equal(got[6], np.zeros((hq, d), np.float32))
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_mask_input_on_the_scores(additive: bool, dev: HostDevice, rng: np.random.Generator) -> None:
+    """A prefill of 5 queries (positions 7..11) over 12 keys with an Attention mask input, against the IR
+    reference: a bool [seq, keys] keep-mask broadcast over the heads (head stride 0; one query keeps no key: zeros),
+    or an additive [heads, seq, keys] one with -inf entries and +inf on keys the causal mask hides (they stay
+    hidden: -inf, not +inf - inf = NaN)."""
+    hq, hkv, d, s, t = 4, 2, 16, 12, 5
+    k, v = _cache(rng, s, hkv, d, np.float32)
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    rows = [i * s for i in range(t)]
+    if additive:
+        m = rng.standard_normal((hq, t, s)).astype(np.float32)
+        m[:, 1, :3] = -np.inf
+        m[:, 0, s - t + 1:] = np.inf                                # query 0 (position 7) sees keys 0..7 only
+        mask: Mask = (m, True, rows, t * s, 1)
+    else:
+        m = rng.random((t, s)) > 0.4
+        m[2] = False
+        mask = (m.astype(np.int32), False, rows, 0, 1)
+    got = _attend(dev, q, [(k, v)] * t, [np.arange(s, dtype=np.int32)] * t, list(range(s - t, s)), [s] * t,
+                  scale=0.3, softcap=4.0, mask=mask)
+    want = ir_attention(q, k, v, mask=m, scale=0.3, softcap=4.0)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert np.isfinite(got).all() and (additive or np.array_equal(got[2], np.zeros((hq, d), np.float32)))
+
+
+def test_a_bidirectional_window_by_shifted_positions(dev: HostDevice, rng: np.random.Generator) -> None:
+    """Non-causal attention with a window as the executor expresses it (lower.py: Binder._query_positions): every
+    query at s - 1, query i's key j at min(t - 1 - i + j, s - 1) of one shared array, so every key passes the
+    causal test and the window hides exactly the keys p - j >= window (the IR reference's visible() without
+    causal), later keys included."""
+    hq, hkv, d, s, t, w = 2, 1, 16, 9, 6, 3
+    k, v = _cache(rng, s, hkv, d, np.float32)
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    shared = np.minimum(np.arange(s + t - 1), s - 1).astype(np.int32)
+    k_pos = [shared[t - 1 - i:t - 1 - i + s] for i in range(t)]
+    got = _attend(dev, q, [(k, v)] * t, k_pos, [s - 1] * t, [s] * t, scale=0.25, window=w)
+    want = ir_attention(q, k, v, causal=False, sliding_window=w, scale=0.25)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_attn_mask_touches_only_the_live_keys_its_grid_covers(dev: HostDevice) -> None:
+    """One block of 128 keys over 200, head 0 of 2 (grid.y 1): those keys get the mask added (exactly: one f32
+    sum), a hidden key (-inf) stays -inf and its mask value is never read, the rest keep their values."""
+    hq, s = 2, 200
+    sc = np.full((hq, s), SENTINEL, np.float32)
+    sc[0, 5] = -np.inf
+    scores = dev.upload(sc)
+    m = np.full(s, 1.5, np.float32)
+    m[5] = np.nan
+    dev.launch("attention", "attn_mask", Launch((1, 1, 1), (128, 1, 1)), scores, dev.upload(np.array([s], np.int64)),
+               dev.upload(m), Int(1), dev.upload(np.array([0], np.int64)), Long(0), Long(1), Int(hq), Long(s))
+    want = sc.copy()
+    want[0, :128] += np.float32(1.5)
+    want[0, 5] = -np.inf
+    assert np.array_equal(dev.download(scores, (hq, s), np.float32), want)
 
 
 @pytest.mark.parametrize("f16", [0, 1])

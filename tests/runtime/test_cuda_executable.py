@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from uaii.backends import KVBatch, registry
-from uaii.backends.base import BackendError, UnsupportedOpError
+from uaii.backends.base import BackendError
 from uaii.backends.cuda.backend import CudaBackend
 from uaii.backends.cuda.host import HostDevice
 from uaii.backends.cuda.host_kernels import host_kernel_names
@@ -270,22 +270,26 @@ def test_a_windowed_f16_cache_matches_the_cpu(kind: str, smollm2_path: Path, mon
 
 
 def test_what_it_cannot_run_is_refused_naming_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An op the backend does not lower, and a supported op in a form it does not run (a product by an activation),
-    are refused at compile time with the node's name — never run in part."""
+    """A supported op in a form it does not run (integer arithmetic narrower than the device's words) is refused at
+    compile time with the node's name — never run in part; a product by an activation (refused until the general
+    product) runs."""
     from uaii.backends.base import ArrayWeights
     from uaii.ir import DType, Node, Tensor, make_graph
 
     on_host_model(monkeypatch)
     backend = registry._instances["cuda"]
-    soft = make_graph("soft", [Node("soft", "Softmax", ("x",), ("y",), {"axis": -1})],
-                      [Tensor("x", DType.F32, (4, 32)), Tensor("y", DType.F32, (4, 32))], ["x"], ["y"])
-    with pytest.raises(UnsupportedOpError, match="soft"):
-        backend.compile(soft, None, ArrayWeights(), kv_state=False)
+    narrow = make_graph("narrow", [Node("narrow", "Add", ("a", "b"), ("y",), {})],
+                        [Tensor(n, DType.I8, (4, 32)) for n in ("a", "b", "y")], ["a", "b"], ["y"])
+    with pytest.raises(BackendError, match=r"'narrow'.*integer arithmetic on i8"):
+        backend.compile(narrow, None, ArrayWeights(), kv_state=False)
     mm = make_graph("mm", [Node("mm", "MatMul", ("x", "w"), ("y",), {"transpose_b": True})],
                     [Tensor("x", DType.F32, (4, 32)), Tensor("w", DType.F32, (32, 32)),
                      Tensor("y", DType.F32, (4, 32))], ["x", "w"], ["y"])
-    with pytest.raises(BackendError, match=r"'mm'.*2-D weight stored"):
-        backend.compile(mm, None, ArrayWeights(), kv_state=False)
+    rng = np.random.default_rng(2)
+    x, wa = rng.standard_normal((4, 32)).astype(np.float32), rng.standard_normal((32, 32)).astype(np.float32)
+    exe = backend.compile(mm, None, ArrayWeights(), kv_state=False)
+    np.testing.assert_allclose(exe.run({"x": x, "w": wa})["y"], x @ wa.T, rtol=1e-5, atol=1e-5)
+    exe.close()
     w = np.random.default_rng(1).standard_normal((48, 64)).astype(np.float32)
     ok = make_graph("mm", [Node("mm", "MatMul", ("x", "w"), ("y",), {"transpose_b": True})],
                     [Tensor("x", DType.F32, (3, 64)), Tensor("w", DType.F32, (48, 64), is_weight=True),
@@ -294,6 +298,43 @@ def test_what_it_cannot_run_is_refused_naming_the_node(monkeypatch: pytest.Monke
     exe = backend.compile(ok, None, ArrayWeights({"w": w}), kv_state=False)
     np.testing.assert_allclose(exe.run({"x": x})["y"], x @ w.T, rtol=1e-5, atol=1e-5)
     exe.close()
+
+
+@pytest.mark.parametrize("kind", ["host", "compiled"])
+def test_attention_mask_forms_beyond_the_conformance_cases(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Attention whose bool mask is a constant (uploaded as the i32 words attn_mask reads) and whose keys and
+    values (with their past) are one batch element read by both of q's matches the IR reference; sink tokens in a
+    bidirectional window, which the kernels' positions cannot express, are refused naming the node."""
+    from uaii.backends.base import ArrayWeights
+    from uaii.ir import DType, Node, Tensor, make_graph
+    from uaii.ir.reference.attention import attention
+
+    on_host_model(monkeypatch, **({"kernels": "all"} if kind == "compiled" else {}))
+    backend = registry._instances["cuda"]
+    rng = np.random.default_rng(5)
+    keep = rng.random((3, 5)) > 0.4
+    keep[1] = False                                                  # query 1 keeps no key: zeros
+    feeds = {"q": rng.standard_normal((2, 3, 4, 8)), "k": rng.standard_normal((1, 3, 2, 8)),
+             "v": rng.standard_normal((1, 3, 2, 8)), "pk": rng.standard_normal((1, 2, 2, 8)),
+             "pv": rng.standard_normal((1, 2, 2, 8))}
+    feeds = {n: a.astype(np.float32) for n, a in feeds.items()}
+    tensors = [Tensor(n, DType.F32, a.shape) for n, a in feeds.items()]
+    tensors += [Tensor("m", DType.BOOL, (3, 5), data=keep.tobytes()), Tensor("y", DType.F32, (2, 3, 4, 8)),
+                Tensor("present_k", DType.F32, (1, 5, 2, 8)), Tensor("present_v", DType.F32, (1, 5, 2, 8))]
+    ins, outs = ("q", "k", "v", "pk", "pv", "m"), ("y", "present_k", "present_v")
+    graph = make_graph("masked", [Node("att", "Attention", ins, outs, {"n_heads": 4, "n_kv_heads": 2})], tensors,
+                       list(feeds), list(outs))
+    exe = backend.compile(graph, None, ArrayWeights(), kv_state=False)
+    got = exe.run(feeds)
+    exe.close()
+    want = attention(feeds["q"], feeds["k"], feeds["v"], feeds["pk"], feeds["pv"], keep)
+    for name, w in zip(outs, want, strict=True):
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=name)
+    sinks = make_graph("sinks", [Node("att", "Attention", ("q", "q", "q"), ("y",),
+                                      {"causal": False, "sliding_window": 2, "sinks": 1})],
+                       [Tensor("q", DType.F32, (4, 2, 8)), Tensor("y", DType.F32, (4, 2, 8))], ["q"], ["y"])
+    with pytest.raises(BackendError, match=r"'att'.*sink tokens in a sliding window without a causal mask"):
+        backend.compile(sinks, None, ArrayWeights(), kv_state=False)
 
 
 def test_memory_and_states_are_checked(kind: str, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -31,7 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from uaii.backends.analysis import KvLayout, NodeInfo, VType, feed_types, infer_types, kv_layout, token_shapes
+from uaii.backends.analysis import (
+    KvLayout,
+    NodeInfo,
+    VType,
+    feed_types,
+    infer_types,
+    kv_layout,
+    shape_values,
+    token_shapes,
+)
 from uaii.backends.base import (
     BackendError,
     ExecutableMemory,
@@ -94,6 +103,8 @@ class Binding:
     tables: Any = None
     pinned_tables: Any = None
     pinned_io: Any = None
+    faults: list[str] = field(default_factory=list)
+    bit_feeds: frozenset[str] = frozenset()
 
 
 def table_layout(rows: int, layers: int) -> dict[str, int]:
@@ -153,6 +164,9 @@ class CudaExecutable:
         self._current: Binding | None = None
         self._experts: tuple[Any, Any, Any] | None = None  # the expert area of streamed banks (expert_area)
         self._feeds: Mapping[str, np.ndarray] = {}
+        self.shape_deps = shape_values(graph, infos)  # feeds whose values decide shapes key the bindings too
+        self._fault: Any = None  # a word kernels write a node's fault code to (fault_ptr), and its host copy
+        self._fault_host: Any = None
 
     # --- weights ---------------------------------------------------------------------------------------------
     def _with_host(self, name: str, use: Callable[[np.ndarray], Any]) -> Any:
@@ -275,10 +289,12 @@ class CudaExecutable:
                 self.locked_bytes += p.nbytes
 
     # --- binding ---------------------------------------------------------------------------------------------
-    def _bind(self, shapes: Mapping[str, tuple[int, ...]], batched: bool) -> Binding:
+    def _bind(self, shapes: Mapping[str, tuple[int, ...]], batched: bool,
+              values: Mapping[str, np.ndarray] | None = None) -> Binding:
         from uaii.backends.cuda.lower import Binder
 
-        types = infer_types(self.graph, self.infos, feed_types(self.graph, self.input_names, shapes, self.kv))
+        types = infer_types(self.graph, self.infos, feed_types(self.graph, self.input_names, shapes, self.kv), values,
+                            self.shape_deps)
         addr = self._layout(types)
         b = Binder(self, types, addr, batched)
         try:
@@ -290,7 +306,8 @@ class CudaExecutable:
         feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, _count(types[n].shape)))
                  for n in self.input_names]
         outputs = [(n, addr[n], types[n].dtype, types[n].shape) for n in self.output_names]
-        binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.tables, b.pinned_tables)
+        binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.tables, b.pinned_tables,
+                          faults=b.faults, bit_feeds=frozenset(b.bit_feeds))
         if b.pieces:
             self._ensure_slots(max(p.nbytes for p in b.pieces))
             self._lock([p for p in b.pieces if p.name in self.lockable and p.form != "gather"])
@@ -349,19 +366,24 @@ class CudaExecutable:
                                f"{', '.join(self.input_names)}") from None
         batched = isinstance(state, KVBatch)
         states = self._states(state)
-        key = (key_shapes, batched)
+        values = {n: np.asarray(feeds[n]) for n in self.shape_deps.feeds}
+        key = (key_shapes, batched, tuple(v.tobytes() for v in values.values()))
         binding = self._bindings.get(key)
         if binding is None:
             if len(self._bindings) >= MAX_BINDINGS:
                 self._free_binding(self._bindings.pop(next(iter(self._bindings))))
-            binding = self._bind(dict(zip(self.input_names, key_shapes, strict=True)), batched)
+            binding = self._bind(dict(zip(self.input_names, key_shapes, strict=True)), batched, values)
             self._bindings[key] = binding
         else:
             self._bindings[key] = self._bindings.pop(key)  # most recently used last
         io = binding.pinned_io
         at = 0
         for name, ptr, dtype, nbytes in binding.feeds:
-            data = to_device(np.asarray(feeds[name]), dtype).view(np.uint8)
+            try:
+                data = _bits(feeds[name]) if name in binding.bit_feeds else \
+                    to_device(np.asarray(feeds[name]), dtype).view(np.uint8)
+            except BackendError as exc:
+                raise BackendError(f"[backend] cuda: input {name!r}: {exc}") from None
             if data.size != nbytes:
                 raise BackendError(f"[backend] input {name!r}: {data.size} device bytes, the binding holds {nbytes}")
             if nbytes:
@@ -372,6 +394,9 @@ class CudaExecutable:
             state.prepare(binding.n_new)
             self._fill_tables(binding, states)
         ctx = RunContext(states)
+        if binding.faults:
+            self._fault_host[:] = 0
+            self.dev.copy_htod(self.fault_ptr(), self._fault_host, self.stream)
         self._current = binding
         self._feeds = feeds  # a streamed embedding's rows are the ones these ids select
         try:
@@ -392,7 +417,11 @@ class CudaExecutable:
                 self.dev.copy_dtoh(view, ptr, self.stream)
             outs.append((name, view, dtype, shape))
             at += -(-n // 8) * 8
+        if binding.faults:
+            self.dev.copy_dtoh(self._fault_host, self.fault_ptr(), self.stream)
         self.dev.sync_stream(self.stream)
+        if binding.faults:
+            self._raise_fault(binding)
         out = {name: from_device(view.tobytes(), dtype, shape) for name, view, dtype, shape in outs}
         if binding.n_new:
             state.advance(binding.n_new)
@@ -531,9 +560,9 @@ class CudaExecutable:
         """Bind once at ``max_tokens`` tokens at compile time (weights uploaded, arena sized before the first run,
         so ``memory()`` reports them); with a plan, at the shapes its arena was laid out at."""
         shapes = token_shapes(self.graph, self.input_names, self.max_tokens, batched_only=self._planned is None)
-        if shapes is None:
+        if shapes is None or self.shape_deps.feeds:  # shapes that fed values decide wait for those values
             return
-        key = (tuple(tuple(shapes[n]) for n in self.input_names), False)
+        key = (tuple(tuple(shapes[n]) for n in self.input_names), False, ())
         self._bindings[key] = self._bind(shapes, False)
 
     def memory(self) -> ExecutableMemory:
@@ -542,6 +571,20 @@ class CudaExecutable:
             (self._experts[0].nbytes + self._experts[1].nbytes if self._experts is not None else 0)
         return ExecutableMemory(arena_bytes=self._arena_bytes, weight_bytes=self.weight_bytes,
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="device")
+
+    def fault_ptr(self) -> int:
+        """The device word a kernel writes a fault code to (lower.Binder.fault); zeroed before each run of a
+        binding that has such kernels, read after it."""
+        if self._fault is None:
+            self._fault = self.dev.upload(np.zeros(2, np.int32))
+            self._fault_host = self.dev.alloc_host(8)
+        return int(self._fault.ptr)
+
+    def _raise_fault(self, binding: Binding) -> None:
+        code = int(self._fault_host[:4].view(np.int32)[0])
+        if code:
+            raise BackendError(binding.faults[code - 1] if 0 < code <= len(binding.faults)
+                               else f"[backend] cuda: a kernel wrote the unknown fault code {code}")
 
     def scores(self, nbytes: int) -> int:
         """The attention scores scratch, grown to ``nbytes`` (freed after the queued work that reads it)."""
@@ -559,11 +602,11 @@ class CudaExecutable:
         self._drop_bindings()
         self._free_experts()
         for buf in (*self._resident.values(), *self._derived.values(), *self._slots, self._arena, self._scores,
-                    self._ids):
+                    self._ids, self._fault):
             if buf is not None:
                 with contextlib.suppress(Exception):
                     self.dev.free(buf)
-        for h in (*self._pinned_slots, *self._locked_raw):
+        for h in (*self._pinned_slots, *self._locked_raw, *([self._fault_host] if self._fault is not None else [])):
             self.dev.free_host(h)
         self._locked.clear()
         self._locked_raw.clear()
@@ -572,6 +615,15 @@ class CudaExecutable:
         self._slots, self._pinned_slots = [], []
         self._arena = self._scores = None
         self.closed = True
+
+
+def _bits(value: np.ndarray) -> np.ndarray:
+    """The bytes of a fed uint32 value that kernels read as stored bits (packed weights: a word past 2^31 is bits,
+    not an integer out of the device's range)."""
+    a = np.asarray(value)
+    if a.dtype != np.uint32:
+        raise BackendError(f"packed words must be fed as uint32, found {a.dtype}")
+    return np.ascontiguousarray(a, "<u4").reshape(-1).view(np.uint8)
 
 
 def _count(shape: tuple[int, ...]) -> int:

@@ -24,6 +24,7 @@ ATTN_SOFTMAX = 256      # attention.cu's UK_ATTN_BLOCK
 ATTN_VALUES = 128       # attn_wsum's output values per block
 MMQ_TILE = 64           # mmq.cu's MMQ_TILE: weight rows and activation rows per block
 MMQ_SIDE = 16           # mmq.cu's MMQ_SIDE: a block is MMQ_SIDE x MMQ_SIDE threads
+PACKED_ROWS = 8         # packed.cu's PK_M: activation rows per block of pk_gemv
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,24 @@ def gemv_splits(m: int) -> list[tuple[int, int]]:
     return out
 
 
+def gemv_pairs(rows: int, pairs: int) -> Launch:
+    """gemv_idx_<type>, pk_gemv_idx: gemv's blocks over the weight rows (grid x), one (token, slot) pair per grid y."""
+    return Launch((_blocks(rows, GEMV_WARPS), pairs, 1), (WARP, GEMV_WARPS, 1))
+
+
+def pair_chunks(pairs: int, top_k: int) -> list[tuple[int, int]]:
+    """(first pair, pairs) of the expert-product launches covering ``pairs`` (token, slot) pairs within the grid's y
+    limit, each a whole number of tokens (a launch reads its pairs' rows of x from its first pair's token on)."""
+    chunk = max(top_k, (MAX_GRID_YZ // top_k) * top_k)
+    return [(s0, min(chunk, pairs - s0)) for s0 in range(0, pairs, chunk)]
+
+
+def packed_gemv(rows: int, m: int) -> Launch:
+    """pk_gemv: one warp per weight row, GEMV_WARPS rows per block (grid x); PACKED_ROWS activation rows per block
+    (grid y: each block decodes its weight rows once for that many rows)."""
+    return Launch((_blocks(rows, GEMV_WARPS), _blocks(m, PACKED_ROWS), 1), (WARP, GEMV_WARPS, 1))
+
+
 def elementwise(count: int) -> Launch:
     """One thread per item: dequant_<type> (units), rows_<type>, swiglu, add, rope (pairs)."""
     return Launch((_blocks(count, ELEMENTWISE), 1, 1), (ELEMENTWISE, 1, 1))
@@ -105,4 +124,5 @@ def mmq_tiles(launch: Launch, n: int, m: int) -> list[tuple[int, int, int, int]]
             for bx in range(launch.grid[0]) for by in range(launch.grid[1])]
 
 
-__all__ = ["Launch", "attention", "elementwise", "gemv", "gemv_splits", "mmq", "mmq_tiles", "norm"]
+__all__ = ["Launch", "attention", "elementwise", "gemv", "gemv_pairs", "gemv_splits", "mmq", "mmq_tiles", "norm",
+           "packed_gemv", "pair_chunks"]

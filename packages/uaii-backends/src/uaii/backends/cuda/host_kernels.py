@@ -39,10 +39,10 @@ from uaii.backends.base import BackendError
 from uaii.backends.cuda.nvrtc import cache_dir
 from uaii.backends.cuda.sources import HEADERS, MODULES, source
 
-HOST_MODULES = ("ops", "attention", "moe", "dequant", "mmq")
+HOST_MODULES = ("ops", "attention", "moe", "dequant", "mmq", "ew", "packed")
 """Modules whose one-thread-per-item kernels are built for the host."""
-THREAD_LOCAL = ("swiglu", "geglu", "add", "bcast", "unary", "copy_rows", "rope", "attn_scores", "attn_wsum",
-                "kv_store", "moe_route", "moe_combine", "quant_act")
+THREAD_LOCAL = ("swiglu", "geglu", "add", "bcast", "unary", "copy_rows", "rope", "attn_scores", "attn_mask",
+                "attn_wsum", "kv_store", "moe_route", "moe_combine", "quant_act", "pk_rows", *MODULES["ew"].kernels)
 """Kernels whose threads never communicate (plus every dequant_/rows_): a sequential run over the grid is exact."""
 
 _BUILTINS = r"""
@@ -55,6 +55,9 @@ _BUILTINS = r"""
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __fmul_rn(float a, float b) { return a * b; }  /* never contracted: -ffp-contract=off */
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (signed char)(a >> (8 * i)) * (signed char)(b >> (8 * i));
     return c;
@@ -73,8 +76,8 @@ static inline float __shfl_down_sync(unsigned, float v, int) { return v; }  /* n
 """
 
 
-THREADED_MODULES = ("gemv", "ops", "attention", "mmq")
-THREADED = ("rms_norm", "add_rms_norm", "layer_norm", "attn_softmax")
+THREADED_MODULES = ("gemv", "ops", "attention", "mmq", "packed")
+THREADED = ("rms_norm", "add_rms_norm", "layer_norm", "attn_softmax", "pk_gemv", "pk_gemv_idx")
 """Kernels whose threads meet in shuffles or barriers (plus every gemv_, gemv_idx_ and mmq_): the threaded build."""
 
 THREADED_SHIM = r"""

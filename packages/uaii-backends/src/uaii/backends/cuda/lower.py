@@ -14,17 +14,19 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from uaii.backends.analysis import NodeInfo, VType
 from uaii.backends.base import BackendError
-from uaii.backends.cuda import geometry
+from uaii.backends.cuda import geometry, lower_ew, lower_packed
 from uaii.backends.cuda.executable import Piece, table_layout
+from uaii.backends.cuda.lower_ew import ROUND
 from uaii.backends.cuda.sources import MMQ_TYPES, TYPES
 from uaii.backends.kv_book import rope_frequencies
 from uaii.backends.webgpu.arena import VIEW_OPS
+from uaii.ir import DType
 
 if TYPE_CHECKING:
     from uaii.backends.cuda.executable import CudaExecutable, RunContext
@@ -32,11 +34,15 @@ if TYPE_CHECKING:
 c_int, c_ll, c_f, c_p = ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_uint64
 SCORES_BYTES = 64 << 20
 """The most bytes of attention scores one launch of the attention kernels writes; more rows run in chunks."""
-UNARY = {"Sigmoid": 0, "Silu": 3, "Tanh": 4, "Relu": 5, "Neg": 6, "Exp": 7}
+UNARY = {"Sigmoid": 0, "Silu": 3, "Tanh": 4, "Relu": 5, "Neg": 6, "Exp": 7, "Abs": 8, "Cos": 9, "Sin": 10, "Erf": 11,
+         "Log": 12, "Reciprocal": 13, "Sqrt": 14}
 """Element-wise ops and their ``op`` code in ops.cu's ``unary`` (Gelu takes 1 or 2 by its ``approximate``)."""
+LOWERERS: dict[str, Callable[[Binder, NodeInfo], None]] = {**lower_ew.LOWER, **lower_packed.LOWER}
+"""Ops lowered by functions of their own modules (the ONNX-style element-wise, movement and reduction ops in
+lower_ew.py, the packed layouts of other tools in lower_packed.py), called as ``fn(binder, info)``."""
 OPS = frozenset({"Embedding", "RMSNorm", "AddRMSNorm", "LayerNorm", "MatMul", "GroupedMatMul", "RoPE", "Attention",
                  "SwiGLU", "GeGLU", "Add", "Mul", "Gelu", *UNARY, "Reshape", "Identity", "Slice", "Split",
-                 "MoERouter", "MoEExperts", "MoEExpertsSwiGLU"})
+                 "MoERouter", "MoEExperts", "MoEExpertsSwiGLU", *LOWERERS})
 """The ops the CUDA executable lowers (Capabilities.ops)."""
 
 
@@ -67,6 +73,18 @@ def _on_rows(launch: Callable[[int, int, int], None], piece: Piece) -> Callable[
     return lambda slot: launch(slot, piece.start, piece.stop - piece.start)
 
 
+class AttentionMask(NamedTuple):
+    """An Attention node's mask input as attn_mask reads it: the address of its device words (f32 when ``additive``,
+    else i32 0/1), that of the i64 offset of each query row's mask, and its strides along heads and keys (0 where
+    broadcast)."""
+
+    ptr: int
+    additive: bool
+    rows: int
+    h_stride: int
+    key_stride: int
+
+
 class Binder:
     """The steps of one binding (see the module doc): ``steps`` in order, the streamed ``pieces`` they read,
     device buffers it ``owned`` (freed with the binding), ``n_new`` tokens per state and the attention ``rows``."""
@@ -84,6 +102,8 @@ class Binder:
         self.tables: Any = None
         self.pinned_tables: Any = None
         self.node = ""
+        self.faults: list[str] = []
+        self.bit_feeds: set[str] = set()  # feeds the kernels read as stored bits (packed uint32 words): fed as bytes
 
     # --- helpers ---------------------------------------------------------------------------------------------
     def fail(self, why: str) -> BackendError:
@@ -94,6 +114,12 @@ class Binder:
         if name not in self.addr:
             raise self.fail(f"value {name!r} has no device region (a weight read where an activation is expected)")
         return self.addr[name]
+
+    def fault(self, what: str) -> tuple[int, int]:
+        """(address of the executable's fault word, this node's code): a kernel that meets ``what`` writes the code
+        there, and the run raises a BackendError naming the node and ``what`` (kernels cannot raise)."""
+        self.faults.append(f"[backend] cuda: node {self.node!r}: {what}")
+        return self.exe.fault_ptr(), len(self.faults)
 
     def launch(self, module: str, kernel: str, at: geometry.Launch, *args: Any) -> None:
         dev, stream = self.dev, self.exe.stream
@@ -131,15 +157,22 @@ class Binder:
         if op in UNARY:
             return self._unary(info, UNARY[op])
         fn = getattr(self, f"op_{op}", None)
-        if fn is None:
+        if fn is not None:
+            return fn(info)
+        if op not in LOWERERS:
             raise self.fail(f"op {op!r} is not implemented by the cuda backend")
-        fn(info)
+        LOWERERS[op](self, info)
 
     def view(self, info: NodeInfo) -> None:
         src, dst = info.node.inputs[0], info.node.outputs[0]
-        if self.is_weight(src):
-            raise self.fail("a Reshape/Identity of a weight (the cuda backend reads weights only through the ops "
-                            "that take them)")
+        if self.is_weight(src):  # the weight's device form (raw blocks, or words) copied into the value's region
+            t = self.exe.tensor(src)
+            if src in self.exe.streamed:
+                raise self.fail(f"a Reshape/Identity of the streamed weight {src!r}")
+            form = "packed" if t.dtype.is_quantized and self.types[dst].dtype.is_quantized else "f32"
+            nbytes = self.nbytes(dst) if form == "packed" else 4 * _count(self.types[dst].shape)
+            self.copy(self.a(dst), self.exe.weight(src, form), nbytes)
+            return
         if self.a(src) != self.a(dst):
             self.copy(self.a(dst), self.a(src), self.nbytes(dst))
 
@@ -168,10 +201,12 @@ class Binder:
         if not r:
             return
         kernel, at = f"rows_{TYPES[t.dtype][1]}", geometry.elementwise(r * units)
+        vocab = int(t.shape[0])
+        fault, code = self.fault(f"a token id outside the table's {vocab} rows")
         if table not in self.exe.streamed:
             w = self.exe.weight(table, "packed")
             self.launch("dequant", kernel, at, c_p(w), c_ll(row_bytes), c_ll(units), c_p(self.a(ids)), c_int(r),
-                        c_p(y))
+                        c_p(y), c_ll(vocab), c_p(fault), c_int(code))
             return
         if ids not in self.exe.input_names:
             raise self.fail("a streamed Embedding table needs its ids fed by the caller (they are read on the host)")
@@ -181,7 +216,7 @@ class Binder:
         exe.ids_ptr(r)  # sized now; read when the step runs (a later, longer binding may grow it)
         self.steps.append(self.exe.piece_step(p, lambda slot: dev.launch(
             "dequant", kernel, at, c_p(slot), c_ll(row_bytes), c_ll(units), c_p(exe.ids_ptr(r)), c_int(r), c_p(y),
-            stream=stream)))
+            c_ll(r), c_p(fault), c_int(code), stream=stream)))  # the slot holds the r gathered rows
 
     def _norm_args(self, info: NodeInfo, x: str) -> tuple[int, int, float, int]:
         shape = self.types[x].shape
@@ -224,28 +259,39 @@ class Binder:
 
     def op_MatMul(self, info: NodeInfo) -> None:
         x, w = info.node.inputs[:2]
-        self.matmul(info, x, w, info.node.outputs[0])
+        self.matmul(x, w, info.node.outputs[0], bool(info.attrs.get("transpose_b", False)))
 
     def op_GroupedMatMul(self, info: NodeInfo) -> None:
         x, *ws = info.node.inputs
         for w, y in zip(ws, info.node.outputs, strict=True):
-            self.matmul(info, x, w, y)
+            self.matmul(x, w, y, bool(info.attrs.get("transpose_b", False)))
 
-    def matmul(self, info: NodeInfo, x: str, w: str, y: str) -> None:
+    def gemv_reads(self, w: str, trans_b: bool) -> bool:
+        """Whether the GEMV (and int8 GEMM) read weight ``w`` of this product: a 2-D weight of a decoded type stored
+        [N, K] (transpose_b), or [K, N] of a plain type (transposed once on upload), K whole 32-value units."""
+        if not self.is_weight(w):
+            return False
+        t = self.exe.tensor(w)
+        kn = not trans_b
+        shape = tuple(int(d) for d in t.shape)
+        shape = shape[::-1] if kn else shape
+        return len(shape) == 2 and t.dtype in TYPES and not (kn and t.dtype.is_quantized) and shape[1] % 32 == 0
+
+    def matmul(self, x: str, w: str, y: str, trans_b: bool) -> None:
         """y[m, :] = x[m, :] . W[n, :] for every row m: GEMV launches of up to 8 rows, or the int8 GEMM beyond 8
-        rows on the block types; over each streamed piece, the piece's output columns."""
-        t = self.exe.tensor(w) if self.is_weight(w) else None
-        kn = not info.attrs.get("transpose_b", False)
-        if t is None or (kn and t.dtype.is_quantized):
-            raise self.fail("the cuda backend multiplies by a 2-D weight stored [N, K] (transpose_b), or [K, N] "
-                            "of a plain type (transposed once on upload); an activation or a block-quantized [K, N] "
-                            "weight is not lowered")
+        rows on the block types; over each streamed piece, the piece's output columns. A product the GEMV does not
+        read (an activation as B, a plain weight of any K) is ew.cu's general f32 product."""
+        kn = not trans_b
+        if not self.gemv_reads(w, trans_b):
+            if self.is_weight(w) and self.exe.tensor(w).dtype.is_quantized:
+                t = self.exe.tensor(w)
+                raise self.fail(f"weight {w!r} is {t.dtype.value} {tuple(t.shape)} (transpose_b={not kn}): the "
+                                "kernels read block-quantized weights stored [N, K] of whole 32-value units")
+            return lower_ew.general_matmul(self, x, w, y, trans_b=not kn)
+        t = self.exe.tensor(w)
         shape = tuple(int(d) for d in t.shape)
         shape = shape[::-1] if kn else shape
         form = "packed_t" if kn else "packed"
-        if len(shape) != 2 or t.dtype not in TYPES or shape[1] % 32:
-            raise self.fail(f"weight {w!r} is {t.dtype.value} {shape} as [N, K]: the kernels read 2-D "
-                            f"{', '.join(d.value for d in TYPES)} weights of whole 32-value units")
         n, k = shape
         self.floats(x, y)
         xt = self.types[x]
@@ -306,32 +352,32 @@ class Binder:
 
     def op_Attention(self, info: NodeInfo) -> None:
         node, attrs = info.node, info.attrs
-        if len(node.inputs) > 5 and node.inputs[5]:
-            raise self.fail("Attention with a mask input is not lowered by the cuda backend")
         q, k, v = node.inputs[:3]
-        if len(self.types[q].shape) != 3:
-            raise self.fail(f"Attention over q {self.types[q].shape}: the cuda kernels take [tokens, heads, dim]")
         self.floats(q, k, v)
         kv = self.exe.kv
         if kv is not None and node.name in kv.layer:
             if not attrs["causal"]:
                 raise self.fail("non-causal attention over a KV cache is not lowered")
+            if len(node.inputs) > 5 and node.inputs[5]:  # kv_layers leaves a masked Attention functional
+                raise self.fail("a mask input over the KV state is not lowered (the state's length changes from run "
+                                "to run, the mask's key axis does not)")
             return self._cached_attention(info)
         self._attention_over_values(info)
 
     def _launch_attention(self, info: NodeInfo, rows: int, tables: int, at: dict[str, int], layer: int,
-                          s_max: int) -> None:
+                          s_max: int, mask: AttentionMask | None = None) -> None:
         """The three attention kernels over ``rows`` query rows whose per-row tables are at ``tables`` (laid out as
         :func:`table_layout` with ``at``; keys and values of table column ``layer``), in chunks of rows whose
-        scores fit SCORES_BYTES; queued on the compute stream now (called by a step, or at bind time)."""
+        scores fit SCORES_BYTES (and the grid's y/z limit); with the node's ``mask`` applied to the scores between
+        the first two (attn_mask); queued on the compute stream now (called by a step, or at bind time)."""
         node, attrs = info.node, info.attrs
         q, k, v = node.inputs[:3]
-        hq, d = int(self.types[q].shape[1]), int(self.types[q].shape[2])
-        hkv, dv = int(self.types[k].shape[1]), int(self.types[v].shape[2])
+        hq, d = int(self.types[q].shape[-2]), int(self.types[q].shape[-1])
+        hkv, dv = int(self.types[k].shape[-2]), int(self.types[v].shape[-1])
         scale = float(attrs["scale"]) or 1.0 / math.sqrt(d)
         window, sinks, softcap = int(attrs["sliding_window"]), int(attrs["sinks"]), float(attrs["softcap"])
         pq, py, dev, stream = self.a(q), self.a(node.outputs[0]), self.dev, self.exe.stream
-        chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max)))
+        chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max), geometry.MAX_GRID_YZ))
         scores = self.exe.scores(4 * chunk * hq * s_max)
         for r0 in range(0, rows, chunk):
             rc = min(chunk, rows - r0)
@@ -342,6 +388,10 @@ class Binder:
             dev.launch("attention", "attn_scores", at_s, c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16), c_p(used),
                        c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d), c_f(scale), c_f(softcap),
                        c_int(window), c_int(sinks), c_p(scores), c_ll(s_max), stream=stream)
+            if mask is not None:
+                dev.launch("attention", "attn_mask", at_s, c_p(scores), c_p(used), c_p(mask.ptr),
+                           c_int(int(mask.additive)), c_p(mask.rows + 8 * r0), c_ll(mask.h_stride),
+                           c_ll(mask.key_stride), c_int(hq), c_ll(s_max), stream=stream)
             dev.launch("attention", "attn_softmax", at_m, c_p(scores), c_p(used), c_p(0), c_int(hq), c_ll(s_max),
                        stream=stream)
             dev.launch("attention", "attn_wsum", at_w, c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq),
@@ -382,44 +432,113 @@ class Binder:
 
     def _attention_over_values(self, info: NodeInfo) -> None:
         """Attention over the node's own keys and values (past ones first, written with the new ones into the
-        present outputs or a scratch): the same kernels over tables made once at bind time — every row sees all
-        keys at their positions 0 .. s, each query at its position (causal) or at s - 1 (bidirectional)."""
+        present outputs or a scratch): the same kernels over tables made once at bind time, one row per query of
+        every batch element (batch-major, as q and Y lie) reading its batch element's keys and values (their batch
+        dims broadcast to q's) at the positions :meth:`_query_positions` gives; a mask input through attn_mask."""
         node, attrs = info.node, info.attrs
         ins = [*node.inputs, "", ""]
         q, k, v, past_k, past_v = ins[:5]
-        if not attrs["causal"] and int(attrs["sliding_window"]):
-            raise self.fail("a sliding window without a causal mask is not lowered (a window needs positions)")
-        t = int(self.types[q].shape[0])
-        p = int(self.types[past_k].shape[0]) if past_k else 0
-        s = p + t
-        outs = [*node.outputs, "", ""]
-        keys = []
-        for slot, past, new in ((1, past_k, k), (2, past_v, v)):
-            width = self.nbytes(new) // max(t, 1)
-            present = outs[slot]
-            if p:
-                dst = self.a(present) if present else self._scratch(width * s)
-                self.copy(dst, self.a(past), width * p)
-                self.copy(dst + width * p, self.a(new), width * t)
-            else:
-                dst = self.a(new)
-                if present:
-                    self.copy(self.a(present), dst, width * t)
-            keys.append(dst)
-        if not t:
+        if not attrs["causal"] and int(attrs["sliding_window"]) and int(attrs["sinks"]):
+            raise self.fail("sink tokens in a sliding window without a causal mask are not lowered (the kernels' "
+                            "positions express a bidirectional window only without sinks)")
+        keys, values = self._present(info, 1, past_k, k), self._present(info, 2, past_v, v)
+        shape = self.types[q].shape
+        batch, t, hq = shape[:-3], int(shape[-3]), int(shape[-2])
+        s = int(self.types[k].shape[-3]) + (int(self.types[past_k].shape[-3]) if past_k else 0)
+        rows = _count(batch) * t
+        if not rows:
             return
-        at = table_layout(t, 1)
+        at = table_layout(rows, 1)
         host = np.zeros(at["size"], np.uint8)
-        host[at["k"]:at["v"]].view(np.uint64)[:] = keys[0]
-        host[at["v"]:at["used"]].view(np.uint64)[:] = keys[1]
+        element = np.repeat(np.arange(_count(batch)), t)  # each row's batch element
+        host[at["k"]:at["v"]].view(np.uint64)[:] = self._batch_addresses(keys, k, batch, s)[element]
+        host[at["v"]:at["used"]].view(np.uint64)[:] = self._batch_addresses(values, v, batch, s)[element]
         host[at["used"]:at["kpos"]].view(np.int64)[:] = s
-        positions = self.dev.upload(np.arange(max(s, 1), dtype=np.int32))
-        self.owned.append(positions)
-        host[at["kpos"]:at["qpos"]].view(np.uint64)[:] = int(positions.ptr)
-        host[at["qpos"]:at["f16"]].view(np.int32)[:] = np.arange(p, s) if attrs["causal"] else s - 1
+        kpos, qpos = self._query_positions(t, s, bool(attrs["causal"]))
+        host[at["kpos"]:at["qpos"]].view(np.uint64)[:] = np.tile(kpos, _count(batch))
+        host[at["qpos"]:at["f16"]].view(np.int32)[:] = np.tile(qpos, _count(batch))
         tables = self.dev.upload(host)
         self.owned.append(tables)
-        self.steps.append(lambda ctx: self._launch_attention(info, t, int(tables.ptr), at, 0, s))
+        mask = self._attention_mask(info, (*batch, hq, t, s))
+        self.steps.append(lambda ctx: self._launch_attention(info, rows, int(tables.ptr), at, 0, s, mask))
+
+    def _present(self, info: NodeInfo, slot: int, past: str, new: str) -> int:
+        """Address of concat(past, new) along the sequence axis, [..., s, heads, dim]: written into the node's present
+        output ``slot`` (a scratch when it has none) when there is a past, else ``new`` itself (copied into the
+        present output when there is one)."""
+        present = [*info.node.outputs, "", ""][slot]
+        shape = self.types[new].shape
+        outer, t, width = _count(shape[:-3]), int(shape[-3]), _count(shape[-2:])
+        p = int(self.types[past].shape[-3]) if past else 0
+        if not p:
+            if present:
+                self.copy(self.a(present), self.a(new), self.nbytes(new))
+            return self.a(new)
+        if self.types[past].shape[:-3] != shape[:-3]:
+            raise self.fail(f"past {self.types[past].shape} and new {shape} differ in their batch dims")
+        s = p + t
+        dst = self.a(present) if present else self._scratch(4 * outer * s * width)
+        self._rows_into(self.a(past), p * width, dst, s * width, outer)
+        self._rows_into(self.a(new), t * width, dst + 4 * p * width, s * width, outer)
+        return dst
+
+    def _rows_into(self, src: int, width: int, dst: int, dst_ld: int, rows: int) -> None:
+        """``rows`` contiguous rows of ``width`` floats from ``src`` into rows ``dst_ld`` floats apart at ``dst``: one
+        copy for one row, else copy_rows."""
+        if rows == 1:
+            self.copy(dst, src, 4 * width)
+        elif rows and width:
+            self.launch("ops", "copy_rows", geometry.elementwise(rows * width), c_p(src), c_ll(width), c_p(dst),
+                        c_ll(dst_ld), c_int(rows), c_int(width))
+
+    def _batch_addresses(self, base: int, new: str, batch: tuple[int, ...], s: int) -> np.ndarray:
+        """The address in ``base`` ([..., s, heads, dim], the batch dims of ``new``) of the keys or values each batch
+        element of q reads: ``new``'s batch dims broadcast to q's ``batch``, flattened."""
+        shape = self.types[new].shape
+        try:
+            element = np.broadcast_to(np.arange(_count(shape[:-3]), dtype=np.int64).reshape(shape[:-3]), batch)
+        except ValueError:
+            raise self.fail(f"{new!r} {shape}: its batch dims do not broadcast to q's {batch}") from None
+        return (base + 4 * s * _count(shape[-2:]) * element.reshape(-1)).astype(np.uint64)
+
+    def _query_positions(self, t: int, s: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
+        """For each query i (at position p = s - t + i) the address of its keys' positions and its own position, as
+        attn_scores tests them (visible: kp <= qp, and not qp - kp >= window). Causal: keys at 0 .. s - 1, the query
+        at p. Bidirectional (the reference's visible() without causal: key j hidden iff p - j >= window > 0): every
+        key must pass kp <= qp, so the query sits at s - 1 and key j reads min(t - 1 - i + j, s - 1) = s - 1 -
+        max(p - j, 0) from one shared array from offset t - 1 - i: qp - kp = max(p - j, 0)."""
+        if causal:
+            positions = self.dev.upload(np.arange(s, dtype=np.int32))
+            first, qpos = np.zeros(t, np.int64), np.arange(s - t, s, dtype=np.int32)
+        else:
+            positions = self.dev.upload(np.minimum(np.arange(s + t - 1), s - 1).astype(np.int32))
+            first, qpos = np.arange(t - 1, -1, -1, dtype=np.int64), np.full(t, s - 1, np.int32)
+        self.owned.append(positions)
+        return (int(positions.ptr) + 4 * first).astype(np.uint64), qpos
+
+    def _attention_mask(self, info: NodeInfo, full: tuple[int, ...]) -> AttentionMask | None:
+        """The node's mask input as attn_mask reads it, broadcast to ``full`` = [..., heads, seq, keys]: from the
+        broadcast of its element indices, each query row's offset (batch-major; head 0, key 0) and the head and key
+        strides (0 along a broadcast dim)."""
+        m = [*info.node.inputs, "", "", ""][5]
+        if not m:
+            return None
+        if self.is_weight(m):
+            tensor = self.exe.tensor(m)
+            dtype, shape, ptr = tensor.dtype, tuple(int(d) for d in tensor.shape), self.exe.weight(m, "f32")
+        else:
+            dtype, shape, ptr = self.types[m].dtype, self.types[m].shape, self.a(m)
+        if dtype is not DType.BOOL and not dtype.is_float:
+            raise self.fail(f"mask {m!r} is {dtype.value}: attn_mask reads a bool keep-mask or a float additive mask")
+        try:
+            index = np.broadcast_to(np.arange(_count(shape), dtype=np.int64).reshape(shape), full)
+        except ValueError:
+            raise self.fail(f"mask {shape} does not broadcast to [..., heads, seq, keys] = {full}") from None
+        offsets = self.dev.upload(np.ascontiguousarray(index[..., 0, :, 0]).reshape(-1))
+        self.owned.append(offsets)
+        step = index.itemsize
+        return AttentionMask(ptr, dtype.is_float, int(offsets.ptr), index.strides[-3] // step,
+                             index.strides[-1] // step)
 
     def _scratch(self, nbytes: int) -> int:
         buf = self.dev.alloc(nbytes)
@@ -464,13 +583,11 @@ class Binder:
                  for n in (a, b)}
         if shape[a] != out:
             a, b = b, a
-        self.floats(a, b, y)
-        if shape[a] != out or self.is_weight(a):
-            raise self.fail(f"{info.node.op} of shapes {shape[a]} and {shape[b]}: one operand must be an "
-                            f"activation of the output's shape {out}")
         nb, inner = _broadcast_run(shape[b], out)
-        if nb is None:
-            raise self.fail(f"{info.node.op}: {shape[b]} is not a run of {out}'s dims (a row, a column, a value)")
+        dts = [lower_ew.dtype_of(self, n) for n in (a, b)]
+        if shape[a] != out or self.is_weight(a) or nb is None or any(lower_ew.is_int(d) for d in dts) or \
+                self.types[y].dtype in ROUND:
+            return lower_ew.binary(self, info)  # any broadcast, integers, a rounded result: ew.cu's N-d kernels
         count = _count(out)
         if not count:
             return
@@ -484,13 +601,15 @@ class Binder:
     def op_Mul(self, info: NodeInfo) -> None:
         self._binary(info, 1)
 
-    def _unary(self, info: NodeInfo, op: int) -> None:
+    def _unary(self, info: NodeInfo, op: int, param: float = 0.0) -> None:
         x, y = info.node.inputs[0], info.node.outputs[0]
+        if lower_ew.is_int(lower_ew.dtype_of(self, x)):
+            return lower_ew.int_unary(self, info)
         self.floats(x, y)
         count = _count(self.types[y].shape)
         if count:
             self.launch("ops", "unary", geometry.elementwise(count), c_p(self.a(x)), c_ll(count), c_p(self.a(y)),
-                        c_int(op))
+                        c_int(op), c_f(param), c_int(ROUND.get(self.types[y].dtype, 0)))
 
     def op_Gelu(self, info: NodeInfo) -> None:
         approx = str(info.attrs.get("approximate", "none"))
@@ -504,9 +623,9 @@ class Binder:
         y = info.node.outputs[0]
         self.floats(x, y)
         shape = self.types[x].shape
-        if int(info.attrs.get("axis", -1)) % max(len(shape), 1) != len(shape) - 1:
-            raise self.fail("LayerNorm over more than the last axis is not lowered")
-        n, rows, eps = int(shape[-1]), _count(shape) // max(int(shape[-1]), 1), float(info.attrs["eps"])
+        first = int(info.attrs.get("axis", -1)) % max(len(shape), 1)
+        n = _count(shape[first:])  # the normalized dims axis .. last are one row of n values
+        rows, eps = _count(shape) // max(n, 1), float(info.attrs["eps"])
         self._norm_weight(w, n)
         if b:
             self._norm_weight(b, n)
@@ -550,16 +669,11 @@ class Binder:
                         c_int(int(attrs.get("scoring") == "sigmoid")), c_p(self.a(weights)), c_p(self.a(indices)))
 
     def op_MoEExperts(self, info: NodeInfo) -> None:
-        """The chosen experts only: gate and up GEMVs per (token, slot) pair on its expert, the activation, the down
-        GEMV per pair, then each token's weighted sum. A streamed bank moves only the experts the router chose
-        (:meth:`_gathered_experts`)."""
-        x, weights, indices, gate, up, down = info.node.inputs[:6]
-        y = info.node.outputs[0]
-        e, k = int(info.attrs["n_experts"]), int(info.attrs["top_k"])
-        act = str(info.attrs.get("activation", "silu"))
-        self.floats(x, weights, y)
+        """:meth:`expert_ffn` over banks in the encodings of TYPES, each product a gemv_idx_<type> launch. A
+        streamed bank moves only the experts the router chose (:meth:`_gathered_experts`)."""
+        x, _, indices, gate, up, down = info.node.inputs[:6]
+        e = int(info.attrs["n_experts"])
         d = int(self.types[x].shape[-1])
-        tokens = _count(self.types[x].shape) // max(d, 1)
         banks = {}
         for name in (gate, up, down):
             t = self.exe.tensor(name)
@@ -572,8 +686,41 @@ class Binder:
         if banks[gate][1] != (e, ff, d) or banks[up][1] != (e, ff, d) or banks[down][1] != (e, d, ff):
             raise self.fail(f"banks {banks[gate][1]}, {banks[up][1]}, {banks[down][1]} are not [E, ff, d] twice and "
                             f"[E, d, ff] (d = {d})")
+        k, dev, stream = int(info.attrs["top_k"]), self.dev, self.exe.stream
+
+        def products(which: int, src: int, ldx: int, x_div: int, dst: int, rows: int, cols: int, pairs: int) -> None:
+            bank, pidx = (gate, up, down)[which], self.a(indices)
+            dtype = banks[bank][0]
+            kernel, row_bytes = f"gemv_idx_{TYPES[dtype][1]}", dtype.nbytes(cols)
+
+            def launch(pw: int, e0: int, count: int, idx: int = pidx) -> None:
+                for s0, n_pairs in geometry.pair_chunks(pairs, k):
+                    dev.launch("gemv", kernel, geometry.gemv_pairs(rows, n_pairs), c_p(pw), c_ll(rows * row_bytes),
+                               c_ll(row_bytes), c_int(rows), c_int(cols), c_p(src + 4 * (s0 // x_div) * ldx),
+                               c_ll(ldx), c_int(x_div), c_p(idx + 4 * s0), c_int(e0), c_int(e0 + count),
+                               c_p(dst + 4 * s0 * rows), c_ll(rows), stream=stream)
+            if bank in self.exe.streamed:
+                self._gathered_experts(info, bank, rows * row_bytes, pairs, launch)
+            else:
+                self.weight_reader(bank, "packed", e, launch)
+        self.expert_ffn(info, ff, products)
+
+    def expert_ffn(self, info: NodeInfo, ff: int, products: Callable[[int, int, int, int, int, int, int, int], None]
+                   ) -> None:
+        """The chosen experts only: gate and up products per (token, slot) pair on its expert, the activation, the
+        down product per pair, then each token's weighted sum. ``products(which, x, ldx, x_div, out, rows, cols,
+        pairs)`` queues bank ``which``'s (0 gate, 1 up, 2 down) products of every pair s: out[s] = W_e x[s / x_div]
+        with e the pair's expert, W_e rows x cols. One FFN for every bank encoding: MoEExperts' here,
+        QuantizedMoEExperts' in lower_packed.py."""
+        x, weights = info.node.inputs[:2]
+        y = info.node.outputs[0]
+        k = int(info.attrs["top_k"])
+        act = str(info.attrs.get("activation", "silu"))
+        self.floats(x, weights, y)
+        d = int(self.types[x].shape[-1])
+        tokens = _count(self.types[x].shape) // max(d, 1)
         if act not in ("silu", "gelu"):
-            raise self.fail(f"MoEExperts activation {act!r}")
+            raise self.fail(f"{info.node.op} activation {act!r}")
         pairs = tokens * k
         if not pairs:
             return
@@ -581,30 +728,9 @@ class Binder:
         self.owned.append(scratch)
         hg, hu = int(scratch.ptr), int(scratch.ptr) + 4 * pairs * ff
         o = hu + 4 * pairs * ff
-        px, pidx = self.a(x), self.a(indices)
-        dev, stream = self.dev, self.exe.stream
-        chunk = max(k, (geometry.MAX_GRID_YZ // k) * k)
-
-        def products(bank: str, src: int, ldx: int, x_div: int, dst: int, rows: int, cols: int) -> None:
-            dtype = banks[bank][0]
-            kernel, row_bytes = f"gemv_idx_{TYPES[dtype][1]}", dtype.nbytes(cols)
-
-            def launch(pw: int, e0: int, count: int, idx: int = pidx) -> None:
-                for s0 in range(0, pairs, chunk):
-                    n_pairs = min(chunk, pairs - s0)
-                    at = geometry.Launch((geometry.gemv(rows).grid[0], n_pairs, 1), (geometry.WARP,
-                                                                                      geometry.GEMV_WARPS, 1))
-                    dev.launch("gemv", kernel, at, c_p(pw), c_ll(rows * row_bytes), c_ll(row_bytes), c_int(rows),
-                               c_int(cols), c_p(src + 4 * (s0 // x_div) * ldx), c_ll(ldx), c_int(x_div),
-                               c_p(idx + 4 * s0), c_int(e0), c_int(e0 + count), c_p(dst + 4 * s0 * rows),
-                               c_ll(rows), stream=stream)
-            if bank in self.exe.streamed:
-                self._gathered_experts(info, bank, rows * row_bytes, pairs, launch)
-            else:
-                self.weight_reader(bank, "packed", e, launch)
-
-        products(gate, px, d, k, hg, ff, d)
-        products(up, px, d, k, hu, ff, d)
+        px = self.a(x)
+        products(0, px, d, k, hg, ff, d, pairs)
+        products(1, px, d, k, hu, ff, d, pairs)
         count = pairs * ff
         if act == "silu":
             self.launch("ops", "swiglu", geometry.elementwise(count), c_p(hg), c_p(hu), c_ll(ff), c_int(ff),
@@ -612,7 +738,7 @@ class Binder:
         else:
             self.launch("ops", "geglu", geometry.elementwise(count), c_p(hg), c_p(hu), c_ll(ff), c_int(ff),
                         c_ll(count), c_p(hg), c_int(0))
-        products(down, hg, ff, 1, o, d, ff)
+        products(2, hg, ff, 1, o, d, ff, pairs)
         self.launch("moe", "moe_combine", geometry.elementwise(tokens * d), c_p(o), c_p(self.a(weights)),
                     c_int(tokens), c_int(k), c_int(d), c_p(self.a(y)))
 
@@ -655,6 +781,15 @@ class Binder:
             dev.sync_stream(stream)  # the shared expert area is free for the next bank's step
         self.steps.append(step)
 
+    @staticmethod
+    def _slice_box(shape: tuple[int, ...], axes: list[int], starts: list[int], ends: list[int],
+                   steps: list[int]) -> list[tuple[int, int, int]]:
+        """Each axis's (start, stop, step) as Python's slice.indices gives them (whole axes: (0, d, 1))."""
+        box = [(0, d, 1) for d in shape]
+        for ax, s, e, st in zip(axes, starts, ends, steps, strict=True):
+            box[ax % len(shape)] = slice(s, e, st).indices(shape[ax % len(shape)])
+        return box
+
     def op_Slice(self, info: NodeInfo) -> None:
         x, y = info.node.inputs[0], info.node.outputs[0]
         shape = self.types[x].shape
@@ -667,13 +802,13 @@ class Binder:
             ax %= len(shape)
             lo, hi, step = slice(s, e, st).indices(shape[ax])
             if step != 1:
-                raise self.fail("a Slice with a step other than 1 is not lowered")
+                return lower_ew.strided_slice(self, x, y, self._slice_box(shape, axes, starts, ends, steps))
             box[ax] = (lo, max(lo, hi))
         # contiguous: after the first cut axis every axis is whole, before it every extent is 1
         cut = next((i for i, (lo, hi) in enumerate(box) if (lo, hi) != (0, shape[i])), len(shape))
         if cut < len(shape) and (any(box[i] != (0, shape[i]) for i in range(cut + 1, len(shape)))
                                  or any(hi - lo != 1 for lo, hi in box[:cut])):
-            raise self.fail(f"a Slice of {shape} to {[hi - lo for lo, hi in box]} is not contiguous")
+            return lower_ew.strided_slice(self, x, y, self._slice_box(shape, axes, starts, ends, steps))
         strides = [_count(shape[i + 1:]) for i in range(len(shape))]
         first = sum(lo * st for (lo, _), st in zip(box, strides, strict=True))
         self.copy(self.a(y), self.a(x) + 4 * first, self.nbytes(y))

@@ -14,7 +14,7 @@ backend on any machine; on a GPU the kernels are compared with the same referenc
 - arithmetic: where a CPU function has the kernel's definition it is used (uaii.kernels.dequantize for the decoders,
   quantize_activations for quant_act: the same bits); the int8 GEMM decodes units in their integer form (decode.cuh:
   uk_unit_int); sums and transcendental functions are computed in float64 and rounded once to float32 (a device sums
-  in another order: results agree to rounding); add, bcast, copy_rows and kv_store are exact.
+  in another order: results agree to rounding); add, bcast, copy_rows, attn_mask and kv_store are exact.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from uaii.backends.base import BackendError
 from uaii.backends.cuda.geometry import ATTN_SOFTMAX, MMQ_SIDE, MMQ_TILE, NORM_BLOCK, WARP, Launch
 from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, TYPES
 from uaii.ir import DType
-from uaii.ir.reference.elementwise import gelu
+from uaii.ir.reference.elementwise import erf_, gelu
 
 if TYPE_CHECKING:
     from uaii.backends.cuda.host import HostMemory
@@ -161,15 +161,25 @@ def _dequant(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
 
 
 def _rows(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
-    w, row_bytes, per_row, idx, r, y = v
+    """Units < grid.x * block.x of the rows idx[0 .. r): an id outside [0, n_rows) gives zeros and writes the fault
+    code."""
+    w, row_bytes, per_row, idx, r, y, n_rows, fault, code = v
     n = _items(at, per_row * r)
     if n <= 0:
         return
     full, rest = divmod(n, per_row)
     ids = _load(mem, idx, np.int32, np.arange(full + (rest > 0))).astype(np.int64)
-    values = _decode_rows(mem, w, dtype, ids[:full] * row_bytes, per_row).reshape(-1)
+    bad = (ids < 0) | (ids >= n_rows)
+    if bad.any():
+        _store(mem, fault, np.int32, np.zeros(1, np.int64), np.array([code], np.int32))
+    safe = np.where(bad, 0, ids)
+    values = _decode_rows(mem, w, dtype, safe[:full] * row_bytes, per_row)
+    values[bad[:full]] = 0.0
+    values = values.reshape(-1)
     if rest:
-        values = np.concatenate([values, _decode_rows(mem, w, dtype, ids[full:] * row_bytes, rest).reshape(-1)])
+        tail = _decode_rows(mem, w, dtype, safe[full:] * row_bytes, rest)
+        tail[bad[full:]] = 0.0
+        values = np.concatenate([values, tail.reshape(-1)])
     _store(mem, y, F32, np.arange(values.size), values)
 
 
@@ -281,16 +291,21 @@ def _bcast(mem: HostMemory, at: Launch, v: Values) -> None:
 _UNARY: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     0: lambda a: 1.0 / (1.0 + np.exp(-a)), 1: lambda a: gelu(a, approximate="none"),
     2: lambda a: gelu(a, approximate="tanh"), 3: lambda a: a / (1.0 + np.exp(-a)), 4: np.tanh,
-    5: lambda a: np.where(a > 0, a, 0.0), 6: np.negative, 7: np.exp,
+    5: lambda a: np.where(a > 0, a, 0.0), 6: np.negative, 7: np.exp, 8: np.abs, 9: np.cos, 10: np.sin, 11: erf_,
+    12: np.log, 13: lambda a: 1.0 / a, 14: np.sqrt,
 }
 
 
 def _unary(mem: HostMemory, at: Launch, v: Values) -> None:
-    """y = f(x): 0 sigmoid, 1 gelu (erf), 2 gelu (tanh), 4 tanh, 5 relu, 6 neg, 7 exp, anything else silu, as the
-    kernel's switch."""
-    x, count, y, op = v
+    """y = f(x) as the kernel's switch (15: p tanh(x / p); anything unlisted silu), rounded to f16 / bf16 as
+    ``round`` asks."""
+    from uaii.backends.cuda.reference_ew import round_to
+
+    x, count, y, op, p, rnd = v
     i = np.arange(_items(at, count))
-    _store(mem, y, F32, i, _UNARY.get(op, _UNARY[3])(_load(mem, x, F32, i).astype(F64)))
+    a = _load(mem, x, F32, i).astype(F64)
+    r = p * np.tanh(a / p) if op == 15 else _UNARY.get(op, _UNARY[3])(a)
+    _store(mem, y, F32, i, round_to(np.asarray(r).astype(F32), rnd))
 
 
 def _copy_rows(mem: HostMemory, at: Launch, v: Values) -> None:
@@ -418,6 +433,28 @@ def _attn_scores(mem: HostMemory, at: Launch, v: Values) -> None:
             _store(mem, scores, F32, (row * hq + h) * s_max + np.arange(s), logits)
 
 
+def _attn_mask(mem: HostMemory, at: Launch, v: Values) -> None:
+    """scores[row, h, t] not yet hidden (-inf), for rows < grid.z, heads < grid.y, keys t < min(used[row], grid.x *
+    block.x): + the f32 mask (additive; one float32 sum, exact as the device's) or -inf where the i32 mask is 0, the
+    mask of (row, h, t) at row_off[row] + h h_stride + t key_stride (only those of live keys read, as the kernel)."""
+    scores, used, mask, additive, row_off, h_stride, key_stride, hq, s_max = v
+    for row in range(at.grid[2]):
+        keys = np.arange(_items(at, _at(mem, used, np.int64, row)), dtype=np.int64)
+        if not keys.size:
+            continue
+        base = _at(mem, row_off, np.int64, row)
+        for h in range(at.grid[1]):
+            offs = (row * hq + h) * s_max + keys
+            p = _load(mem, scores, F32, offs)
+            live = np.flatnonzero(p != -np.inf)
+            at_mask = base + h * h_stride + keys[live] * key_stride
+            if additive:
+                p[live] = (p[live].astype(F64) + _load(mem, mask, F32, at_mask).astype(F64)).astype(F32)
+            else:
+                p[live] = np.where(_load(mem, mask, np.int32, at_mask) == 0, -np.inf, p[live])
+            _store(mem, scores, F32, offs, p)
+
+
 def _attn_softmax(mem: HostMemory, at: Launch, v: Values) -> None:
     """In place over heads < grid.x of rows < grid.y: exp(l - max) / (sum + exp(sink - max)); -inf gives 0, and a
     head that sees nothing (sum 0, no sink) zeros."""
@@ -471,7 +508,7 @@ def _table() -> dict[str, Reference]:
         "geglu": partial(_glu, lambda a, tanh_approx: gelu(a, approximate="tanh" if tanh_approx else "none")),
         "bcast": _bcast, "unary": _unary, "copy_rows": _copy_rows, "layer_norm": _layer_norm,
         "moe_route": _moe_route, "moe_combine": _moe_combine, "rope": _rope, "attn_scores": _attn_scores,
-        "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum, "kv_store": _kv_store,
+        "attn_mask": _attn_mask, "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum, "kv_store": _kv_store,
     }
     for dtype, (_, suffix, _, _) in TYPES.items():
         table[f"dequant_{suffix}"] = partial(_dequant, dtype)
@@ -481,7 +518,9 @@ def _table() -> dict[str, Reference]:
         table[f"gemv_idx_{suffix}"] = partial(_gemv_idx, dtype)
     for dtype in MMQ_TYPES:
         table[f"mmq_{TYPES[dtype][1]}"] = partial(_mmq, dtype)
-    return table
+    from uaii.backends.cuda import reference_ew, reference_packed  # they use this module's memory helpers
+
+    return {**table, **reference_ew.TABLE, **reference_packed.TABLE}
 
 
 def _quietly(fn: Reference, mem: HostMemory, at: Launch, values: Values) -> None:

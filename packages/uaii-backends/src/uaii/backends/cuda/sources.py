@@ -36,6 +36,11 @@ TYPES: dict[DType, tuple[int, str, int, int]] = {
 MMQ_TYPES = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
 """The block types the int8 prefill GEMM (mmq.cu) reads in their integer form (decode.cuh: uk_unit_int)."""
 
+PACKED_MODES = {"affine_f32": 0, "affine_f16": 1, "affine_bf16": 2, "mxfp4": 3, "nvfp4": 4, "mxfp8": 5, "nbits": 6,
+                "nbits_float_zp": 7}
+"""What a packed row's values are, numbered as packed.cu's PK_* modes: MLX's affine mode by its scales' type (the
+type its values round to), MLX's fp modes, ONNX's MatMulNBits with packed (or default) and with float zero points."""
+
 GEMV_ROWS = (1, 2, 4, 8)
 """Activation rows a GEMV kernel is instantiated for (gemv_<type>_m<M>); more rows run as several launches."""
 
@@ -62,19 +67,32 @@ MODULES: dict[str, Module] = {
     "ops": Module("ops", (), ("rms_norm", "add_rms_norm", "layer_norm", "swiglu", "geglu", "add", "bcast", "unary",
                               "copy_rows", "rope")),
     "moe": Module("moe", (), ("moe_route", "moe_combine")),
-    "attention": Module("attention", (), ("attn_scores", "attn_softmax", "attn_wsum", "kv_store")),
+    "attention": Module("attention", (), ("attn_scores", "attn_mask", "attn_softmax", "attn_wsum",
+                                          "kv_store")),
     "mmq": Module("mmq", (), ("quant_act", *(f"mmq_{TYPES[t][1]}" for t in MMQ_TYPES))),
+    "packed": Module("packed", (), ("pk_gemv", "pk_gemv_idx", "pk_rows")),
+    "ew": Module("ew", (), ("binary_f", "binary_i", "compare_f", "compare_i", "unary_i", "where_w", "cast_f",
+                            "cast_f2i", "cast_i2f", "cast_i2i", "copy_nd", "gather_w", "trilu_w", "fill_w", "range_f",
+                            "range_i", "reduce_f", "reduce_i", "softmax_ax", "cumsum_f", "cumsum_i", "argmax_ax",
+                            "topk_ax", "matmul_f")),
 }
 
 
 _FAMILIES = {
     # kernel (or prefix + "_"): its parameters' C kinds — p a pointer, i int, l long long, f float
-    "gemv_": "pliiplpl", "gemv_idx_": "plliiplipiipl", "dequant_": "plp", "rows_": "pllpip", "mmq_": "pliipppipl",
+    "gemv_": "pliiplpl", "gemv_idx_": "plliiplipiipl", "dequant_": "plp", "rows_": "pllpiplpi", "mmq_": "pliipppipl",
     "quant_act": "pliippp",
+    "pk_gemv": "piiiiiippplipl", "pk_gemv_idx": "piiiiiippplipiippl", "pk_rows": "piiiiipppiipip",
     "rms_norm": "pppifi", "add_rms_norm": "pppppifi", "swiglu": "pplilp", "geglu": "pplilpi", "add": "pppl",
-    "bcast": "pplllpi", "unary": "plpi", "copy_rows": "plplii", "layer_norm": "ppppif", "moe_route": "piiiiipp",
+    "bcast": "pplllpi", "unary": "plpifi", "copy_rows": "plplii", "layer_norm": "ppppif", "moe_route": "piiiiipp",
     "moe_combine": "ppiiip", "rope": "pppiiiiif", "attn_scores": "ppppppiiiffiipl", "attn_softmax": "pppil",
-    "attn_wsum": "ppppiiilp", "kv_store": "pliipli",
+    "attn_mask": "pppipllil", "attn_wsum": "ppppiiilp", "kv_store": "pliipli",
+    "binary_f": "ppppilii", "binary_i": "ppppilipii", "compare_f": "ppppili", "compare_i": "ppppili",
+    "unary_i": "plpipii", "where_w": "pppppil", "cast_f": "plpi", "cast_f2i": "plpllipi", "cast_i2f": "plpi",
+    "cast_i2i": "plplli", "copy_nd": "plplpil", "gather_w": "pppllllpi", "trilu_w": "pplllli", "fill_w": "ppl",
+    "range_f": "pppli", "range_i": "ppplpii", "reduce_f": "pppiillii", "reduce_i": "pppiillipii",
+    "softmax_ax": "ppllli", "cumsum_f": "ppllliii", "cumsum_i": "ppllliipii", "argmax_ax": "ppllli",
+    "topk_ax": "pppllliii", "matmul_f": "pppppillllffii",
 }
 KINDS = {"p": "a pointer", "i": "int", "l": "long long", "f": "float"}
 
@@ -132,5 +150,5 @@ def digest(module: Module) -> str:
     return h.hexdigest()
 
 
-__all__ = ["GEMV_ROWS", "HEADERS", "KINDS", "MMQ_TYPES", "MODULES", "TYPES", "Module", "check_args", "digest",
-           "headers", "signature", "source"]
+__all__ = ["GEMV_ROWS", "HEADERS", "KINDS", "MMQ_TYPES", "MODULES", "PACKED_MODES", "TYPES", "Module", "check_args",
+           "digest", "headers", "signature", "source"]

@@ -1,8 +1,9 @@
 /* attention.cu — one decode step's attention: each row (a sequence) has one query of hq heads and its own KV cache
  * [slots, hkv, d] (f32 or f16), GQA (query head h reads kv head h / (hq / hkv)), slot positions k_pos (-1: empty), a
  * sliding window with sink tokens, soft-capping and per-head sink logits — the semantics of uk_attention_rows.
- * Three kernels, so that every stage is parallel over keys or values whatever the context:
+ * Three kernels (a fourth for a mask input), so that every stage is parallel over keys or values whatever the context:
  *   attn_scores  grid (ceil(s / 128), hq, rows): one thread per key: scale * q . k, capped, or -inf when hidden;
+ *   attn_mask    (an Attention node's mask input) attn_scores' grid: the mask added, or -inf where a bool mask is 0;
  *   attn_softmax grid (hq, rows), 256 threads: max, exp, sum (with the head's sink logit), normalized in place;
  *   attn_wsum    grid (ceil(dv / 128), hq, rows): one thread per output value: sum over keys of p * v.
  * Scores live in a scratch [rows, hq, s_max]. Per-row arguments are device arrays (pointers, lengths, positions):
@@ -42,6 +43,23 @@ extern "C" __global__ void attn_scores(const float *q, const void *const *k_cach
     float l = acc * scale;
     if (softcap > 0.0f) l = softcap * tanhf(l / softcap);
     out[t] = l;
+}
+
+/* an Attention node's mask input on the scores, after the cap as the reference applies it: additive (f32) adds its
+   value, a bool (i32 0/1) hides the key where 0; a key already hidden stays so (-inf, not -inf + mask). The mask
+   value of (row, h, t) is mask[row_off[row] + h * h_stride + t * key_stride]: the host's per-row offsets and the
+   broadcast strides (0 along a broadcast dim) of any mask shape that broadcasts to [..., heads, seq, keys] */
+extern "C" __global__ void attn_mask(float *scores, const long long *used, const void *mask, int additive,
+                                     const long long *row_off, long long h_stride, long long key_stride, int hq,
+                                     long long s_max) {
+    const int row = blockIdx.z, h = blockIdx.y;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= used[row]) return;
+    float *out = scores + ((long long)row * hq + h) * s_max + t;
+    if (*out == UK_NEG_INF) return;
+    const long long at = row_off[row] + h * h_stride + t * key_stride;
+    if (additive) *out += ((const float *)mask)[at];
+    else if (((const int *)mask)[at] == 0) *out = UK_NEG_INF;
 }
 
 extern "C" __global__ void attn_softmax(float *scores, const long long *used, const float *sinks, int hq,

@@ -89,8 +89,10 @@ extern "C" __global__ void bcast(const float *a, const float *b, long long nb, l
     y[i] = op ? a[i] * v : a[i] + v;
 }
 
-/* y = f(x) over count values: 0 sigmoid, 1 gelu (erf), 2 gelu (tanh), 3 silu, 4 tanh, 5 relu, 6 neg, 7 exp */
-extern "C" __global__ void unary(const float *x, long long count, float *y, int op) {
+/* y = f(x) over count values: 0 sigmoid, 1 gelu (erf), 2 gelu (tanh), 3 silu, 4 tanh, 5 relu, 6 neg, 7 exp, 8 abs,
+   9 cos, 10 sin, 11 erf, 12 log, 13 reciprocal, 14 sqrt, 15 softcap (p: the cap); the result rounded to f16 (round 1)
+   or bf16 (round 2) when the value is one, as the CPU rounds it */
+extern "C" __global__ void unary(const float *x, long long count, float *y, int op, float p, int round) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     const float a = x[i];
@@ -103,9 +105,17 @@ extern "C" __global__ void unary(const float *x, long long count, float *y, int 
     case 5: r = a > 0.0f ? a : 0.0f; break;   /* NaN: 0, as the comparison says */
     case 6: r = -a; break;
     case 7: r = expf(a); break;
+    case 8: r = fabsf(a); break;
+    case 9: r = (float)cos((double)a); break;   /* double: a float argument of 100 loses digits in cosf's reduction */
+    case 10: r = (float)sin((double)a); break;
+    case 11: r = erff(a); break;
+    case 12: r = logf(a); break;
+    case 13: r = 1.0f / a; break;
+    case 14: r = sqrtf(a); break;
+    case 15: r = p * tanhf(a / p); break;
     default: r = a / (1.0f + expf(-a)); break;
     }
-    y[i] = r;
+    y[i] = uk_round_to(r, round);
 }
 
 /* dst rows (dst_ld apart) = width values of src rows (src_ld apart): a Split, Concat or Slice along the last axis */
