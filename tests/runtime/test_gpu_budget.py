@@ -204,3 +204,21 @@ def test_webgpu_streams_expert_banks_stored_one_tensor_per_expert(tmp_path: Path
         assert any("*" in ref for ref in s.device_residency.streamed), s.device_residency.streamed
         got = s.forward(ids)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_streamed_expert_bank_counts_the_expert_area(tmp_path: Path) -> None:
+    """A backend whose chosen experts pass through one more buffer (Capabilities.expert_staging: CUDA's expert area)
+    gets it counted once a bank streams, within the same budget; without a streamed bank, or without the capability,
+    the staging buffers are the backend's own."""
+    import loader_helpers as H
+
+    g = load_bundle(H.save_tiny("qwen2moe", tmp_path / "qwen2moe")).graph
+    whole = residency(g, 1 << 30, staging_buffers=2, expert_staging=True)
+    assert whole.streamed == () and whole.staging_buffers == 2
+    budget = whole.resident_bytes * 2 // 3
+    plain = residency(g, budget, staging_buffers=2)
+    area = residency(g, budget, staging_buffers=2, expert_staging=True)
+    assert any("experts" in ref for ref in area.streamed), area.streamed
+    assert plain.staging_buffers == 2 and area.staging_buffers == 3
+    assert area.staging_bytes % 3 == 0 and area.total_bytes <= budget and plain.total_bytes <= budget
+    assert "(3 buffers)" in area.describe()

@@ -104,7 +104,9 @@ class Capabilities:
     declares none, and a Session does not plan for it. ``step_profile``: its executables time their steps on
     request — ``set_profiling(on)`` and ``take_profile() -> list[StepProfile]`` (:mod:`uaii.backends.profile`).
     ``staging_buffers``: how many staging buffers of ``chunk_bytes`` a device backend streams weights through (the
-    device budget counts them)."""
+    device budget counts them). ``expert_staging``: a streamed expert bank's chosen experts pass through one more
+    buffer of a staging buffer's bytes (the CUDA executable's expert area), which the device budget counts when a
+    bank streams."""
 
     activation_dtypes: frozenset[str] = frozenset()
     weight_dtypes: frozenset[str] = frozenset()
@@ -121,6 +123,7 @@ class Capabilities:
     arena: str = ""
     step_profile: bool = False
     staging_buffers: int = 1
+    expert_staging: bool = False
 
 
 @dataclass(frozen=True)

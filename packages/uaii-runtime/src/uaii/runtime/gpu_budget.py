@@ -15,7 +15,9 @@ differences, both of how a GPU streams: the backend's ``Capabilities.staging_buf
 (WebGPU: one, refilled after the work that read it was submitted; CUDA: two, one filled on a copy stream while
 kernels read the other), and every streamed weight passes through it
 in chunks of whole rows (``chunk_bytes``: a matrix's output features, a table's rows, a bank's experts) — no
-embedding rows looked up on the host, no expert cache. A weight the host budget streams also streams on the device: the
+embedding rows looked up on the host, no expert cache. A backend that gathers a streamed bank's chosen experts
+into a buffer of their own (``Capabilities.expert_staging``: CUDA) gets one more staging buffer counted once a bank
+streams. A weight the host budget streams also streams on the device: the
 host does not keep it, so the device reads it from the host store each time (acquire, upload, release).
 
 Default budget: :data:`DEVICE_FRACTION` of the device memory the backend reports (the driver, the display and other
@@ -57,6 +59,7 @@ class DeviceResidency:
     staging_bytes: int = 0
     arena_bytes: int = 0
     kv_cache_bytes: int = 0
+    staging_buffers: int = 1
 
     @property
     def total_bytes(self) -> int:
@@ -66,7 +69,8 @@ class DeviceResidency:
         """``webgpu: 30 of 272 weights stream (1.2 GiB), 0.4 GiB resident; budget 1.6 GiB of 2.0 GiB``."""
         n = len(self.resident) + len(self.streamed)
         return (f"{self.backend}: {len(self.streamed)} of {n} weights stream ({format_bytes(self.streamed_bytes)}), "
-                f"{format_bytes(self.resident_bytes)} resident, staging {format_bytes(self.staging_bytes)}; device "
+                f"{format_bytes(self.resident_bytes)} resident, staging {format_bytes(self.staging_bytes)} "
+                f"({self.staging_buffers} buffers); device "
                 f"budget {format_bytes(self.budget_bytes)} of {format_bytes(self.device_memory)}")
 
 
@@ -79,28 +83,41 @@ def device_budget(device_memory: int, requested: int = 0) -> int:
 
 def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int, budget_bytes: int,
                    arena_bytes: int = 0, kv_cache_bytes: int = 0, pin_layers: int | None = None,
-                   host_streamed: frozenset[str] = frozenset(), staging_buffers: int = 1) -> DeviceResidency:
+                   host_streamed: frozenset[str] = frozenset(), staging_buffers: int = 1,
+                   expert_staging: bool = False) -> DeviceResidency:
     """The residency of the weights ``order`` (the nodes in execution order) reads, under ``budget_bytes`` (see the
-    module doc). ``host_streamed``: references the host store does not keep, which stream on the device too."""
+    module doc). ``host_streamed``: references the host store does not keep, which stream on the device too.
+    ``expert_staging`` (Capabilities.expert_staging): when an expert bank streams, one more staging buffer's bytes
+    hold its chosen experts — planned again with that buffer when the first plan streams a bank."""
     from uaii.ir.plan import ArenaLayout
     from uaii.planner import BudgetError, PlannerOptions, storage_for_uses, weight_uses
 
     # a GPU reads a streamed weight through its staging buffer in chunks of rows (a table's rows, a bank's experts,
     # a matrix's output features): no row lookups from the host, no expert cache
+    found = weight_uses(graph, list(order)).values()
+    banks = {u.ref for u in found if u.expert}
     uses = [replace(u, chunk_row=u.chunk_row or u.expert, expert=0, staged=dict.fromkeys(u.staged, u.nbytes))
-            for u in weight_uses(graph, list(order)).values()]
-    kw: dict[str, Any] = {"budget_bytes": budget_bytes, "kv_cache_bytes": kv_cache_bytes,
-                          "staging_buffers": max(1, staging_buffers),
-                          "fill_pins": True}
-    if pin_layers is not None:
-        kw["pin_layers"] = pin_layers
-    try:
-        storage = storage_for_uses(uses, ArenaLayout(arena_bytes, 64, 1), PlannerOptions(**kw))
-    except BudgetError as exc:
-        why = str(exc).removeprefix("[planner] ")
-        raise SessionError(f"[runtime] the {backend} device budget (gpu_budget_bytes) of {budget_bytes} bytes cannot "
-                           f"hold the smallest device plan: {why}; raise --gpu-budget or lower max_batch / "
-                           "max_context") from None
+            for u in found]
+
+    def plan(buffers: int) -> Any:
+        kw: dict[str, Any] = {"budget_bytes": budget_bytes, "kv_cache_bytes": kv_cache_bytes,
+                              "staging_buffers": buffers, "fill_pins": True}
+        if pin_layers is not None:
+            kw["pin_layers"] = pin_layers
+        try:
+            return storage_for_uses(uses, ArenaLayout(arena_bytes, 64, 1), PlannerOptions(**kw))
+        except BudgetError as exc:
+            why = str(exc).removeprefix("[planner] ")
+            raise SessionError(f"[runtime] the {backend} device budget (gpu_budget_bytes) of {budget_bytes} bytes "
+                               f"cannot hold the smallest device plan: {why}; raise --gpu-budget or lower max_batch "
+                               "/ max_context") from None
+
+    buffers = max(1, staging_buffers)
+    storage = plan(buffers)
+    if expert_staging and any(w.mode == "streamed" or w.ref in host_streamed for w in storage.weights
+                              if w.ref in banks):
+        buffers += 1  # the expert area: one more buffer of a staging buffer's bytes
+        storage = plan(buffers)
     resident, streamed = [], []
     resident_bytes = streamed_bytes = 0
     for w in storage.weights:
@@ -112,7 +129,7 @@ def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int
             resident_bytes += w.nbytes
     staging = storage.staging_bytes if streamed else 0
     return DeviceResidency(backend, device_memory, budget_bytes, tuple(resident), tuple(streamed), resident_bytes,
-                           streamed_bytes, staging, arena_bytes, kv_cache_bytes)
+                           streamed_bytes, staging, arena_bytes, kv_cache_bytes, buffers)
 
 
 def device_streaming(backend: Backend, graph: Graph, plan: Any, options: SessionOptions,
@@ -134,13 +151,14 @@ def device_streaming(backend: Backend, graph: Graph, plan: Any, options: Session
                                device_memory=caps.device_memory,
                                budget_bytes=device_budget(caps.device_memory, o.gpu_budget_bytes),
                                arena_bytes=arena, kv_cache_bytes=kv_cache_bytes, pin_layers=o.pin_layers,
-                               host_streamed=host_streamed, staging_buffers=caps.staging_buffers)
+                               host_streamed=host_streamed, staging_buffers=caps.staging_buffers,
+                               expert_staging=caps.expert_staging)
     if residency.streamed and not caps.streams_weights:
         raise SessionError(f"[runtime] {residency.describe()}, but the {backend.name} backend does not stream "
                            "weights (capabilities.streams_weights is False); raise --gpu-budget")
     log.info("[runtime] %s", residency.describe())
     kw = {k: v for k, v in streaming.items() if k not in ("expert_cache", "chunk_bytes", "streamed")}
-    chunk = residency.staging_bytes // max(1, caps.staging_buffers)  # one buffer's bytes: the largest piece
+    chunk = residency.staging_bytes // residency.staging_buffers  # one buffer's bytes: the largest piece
     # without a host budget, host memory may hold a second copy of what the device streams (the host-pinned tier:
     # page-locked, copied to the device without passing through a staging buffer); under one, it may not
     host_resident = [r for r in residency.streamed if r not in host_streamed] if not o.budget_bytes else []

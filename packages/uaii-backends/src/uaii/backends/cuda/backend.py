@@ -86,7 +86,8 @@ class CudaBackend(BackendBase):
         return Capabilities(activation_dtypes=frozenset({"f32", "i32", "i64"}), weight_dtypes=WEIGHT_DTYPES,
                             ops=OPS, streams_weights=True, kv_dtypes=frozenset({"f32", "f16"}),
                             kv_positions=frozenset({"absolute"}), kv_window=True, batched_kv=True,
-                            device_memory=self.device_memory(), arena=ARENA_RULE, staging_buffers=2)
+                            device_memory=self.device_memory(), arena=ARENA_RULE, staging_buffers=2,
+                            expert_staging=True)
 
     def plan_arena(self, graph: Graph, max_tokens: int, *, memory_reuse: bool = True) -> ArenaLayout:
         """The device arena ``compile(graph, plan)`` allocates at ``max_tokens`` tokens (no device is opened)."""
