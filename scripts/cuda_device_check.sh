@@ -22,7 +22,8 @@ export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/tests/loader
   $PY packages/uaii-kernels/build_kernels.py
 } 2>&1 | tee "$OUT/setup.log"
 $PY -m pytest -q -rs -p no:cacheprovider tests/backends/test_cuda_kernels.py tests/backends/test_cuda_reference.py \
-  tests/backends/test_cuda_conformance.py tests/backends/test_cuda_packed.py tests/runtime/test_cuda_parity.py 2>&1 | tee "$OUT/tests.log"
+  tests/backends/test_cuda_conformance.py tests/backends/test_cuda_packed.py tests/backends/test_cuda_ew.py \
+  tests/runtime/test_cuda_parity.py 2>&1 | tee "$OUT/tests.log"
 tests=${PIPESTATUS[0]}
 skipped_for_device=$(grep -c "no CUDA device" "$OUT/tests.log" || true)
 $PY bench/bench_gpu.py --cuda-only --no-models --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"

@@ -85,6 +85,8 @@ LAYOUTS = [
     Layout("nbits", 4, 32, "f32", 100, "u8"), Layout("nbits", 4, 16, "bf16", 200, "u8", stride=4),
     Layout("nbits", 8, 64, "f16", 130), Layout("nbits", 4, 128, "f32", 300, "f16"),
     Layout("nbits", 8, 16, "f32", 40, "f32", stride=4),
+    # rows past one step of pk_gemv's shared activation tile (32 units), the last one partial
+    Layout("affine", 4, 64, "f16", 1600), Layout("nbits", 4, 32, "f32", 1100, "u8"),
 ]
 MLX = [lay for lay in LAYOUTS if lay.mode != "nbits"]
 BANKS = [lay for lay in LAYOUTS

@@ -81,8 +81,9 @@ def test_every_kernel_of_every_module_has_a_reference() -> None:
 # ------------------------------------------------------------------------------------------ weights
 @pytest.mark.parametrize("dtype", list(TYPES), ids=lambda t: t.value)
 def test_gemv_of_every_type_against_the_cpu_gemm(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
-    """M = 1 and M = 3 (launches of gemv_splits: m2 then m1), x and y strided, buffers sized exactly."""
-    n, k = 37, 512
+    """M = 1 and M = 3 (launches of gemv_splits: m2 then m1), x and y strided, buffers sized exactly; K of 40 units:
+    a whole step of gemv.cu's shared activation tile and a partial one."""
+    n, k = 37, 1280
     raw = random_weight(dtype, n, k, seed=7)
     want_w = K.PackedWeight.from_raw(raw, dtype, (n, k))
     dw = dev.upload(raw)

@@ -139,30 +139,50 @@ UK_DEV void pk_unit(const pk_layout *L, const uk_u8 *row, long long srow, long l
     }
 }
 
+#define PK_STEP 32 /* units per step of pk_gemv_warp: one per lane */
+#define PK_PAD 33  /* floats between units of the shared activation tile (gemv.cu's GEMV_PAD: no bank conflicts) */
+
 /* y[i * ldy + row] = x[i * ldx, :] . W[row] for the m <= PK_M rows i of x, the weight row this warp owns (blockDim
-   (32, rows per block)); scale rows from srow0. Lane l takes units l, l + 32, ...; the sums meet in a shuffle tree. */
+   (32, rows per block)); scale rows from srow0. Lane l takes units l, l + 32, ...; the activation rows come through
+   a shared tile, read once per block by consecutive threads (as gemv.cu's gemv_rows, which says why); the sums
+   meet in a shuffle tree. Every thread reaches every barrier. */
 UK_DEV void pk_gemv_warp(const pk_layout *L, long long srow0, int n, const float *x, long long ldx, int m, float *y,
                          long long ldy) {
+    __shared__ float pk_xs[PK_M][PK_STEP * PK_PAD];
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
-    if (row >= n) return;
-    const uk_u8 *wr = L->w + (long long)row * pk_row_bytes(L) * L->stride;
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    const bool live = row < n;
+    const uk_u8 *wr = L->w + (long long)(live ? row : 0) * pk_row_bytes(L) * L->stride;
     const long long units = (L->k + 31) / 32;
     float acc[PK_M];
 #pragma unroll
     for (int i = 0; i < PK_M; i++) acc[i] = 0.0f;
     float q[32];
-    for (long long u = threadIdx.x; u < units; u += 32) {
-        pk_unit(L, wr, srow0 + row, u, q);
-        const int count = L->k - 32 * u < 32 ? (int)(L->k - 32 * u) : 32;
-#pragma unroll
-        for (int i = 0; i < PK_M; i++) {
-            if (i >= m) break;
-            const float *xi = x + i * ldx + 32 * u;
-            float s = 0.0f;
-            for (int j = 0; j < count; j++) s += q[j] * xi[j];
-            acc[i] += s;
+    for (long long u0 = 0; u0 < units; u0 += PK_STEP) {
+        const int step = units - u0 < PK_STEP ? (int)(units - u0) : PK_STEP;
+        const long long left = L->k - 32 * u0;
+        const int vals = left < 32 * step ? (int)left : 32 * step;
+        for (int v = tid; v < m * vals; v += nt) {
+            const int i = v / vals, at = v % vals;
+            pk_xs[i][at / 32 * PK_PAD + at % 32] = x[i * ldx + 32 * u0 + at];
         }
+        __syncthreads();
+        if (live && threadIdx.x < step) {
+            const long long u = u0 + threadIdx.x;
+            pk_unit(L, wr, srow0 + row, u, q);
+            const int count = L->k - 32 * u < 32 ? (int)(L->k - 32 * u) : 32;
+#pragma unroll
+            for (int i = 0; i < PK_M; i++) {
+                if (i >= m) break;
+                const float *xi = pk_xs[i] + threadIdx.x * PK_PAD;
+                float s = 0.0f;
+                for (int j = 0; j < count; j++) s += q[j] * xi[j];
+                acc[i] += s;
+            }
+        }
+        __syncthreads();
     }
+    if (!live) return;
 #pragma unroll
     for (int i = 0; i < PK_M; i++) {
         if (i >= m) break;
