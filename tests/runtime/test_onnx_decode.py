@@ -86,3 +86,20 @@ def test_fixture_greedy_through_the_cpu_backend() -> None:
             got = s.generate(list(greedy["prompt_ids"]), max_new_tokens=len(greedy["tokens"]),
                              ignore_eos=True).tokens
         assert list(got) == list(greedy["tokens"]), entry["name"]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_cuda_backend_decodes_like_onnxruntime(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same models on ``device="cuda"`` — on the host model of a device, running the CUDA source of its
+    thread-local kernels built by the host compiler — decode onnxruntime's tokens: the imported graphs keep ONNX's
+    ops around the decoder (Less and Where, Cast, Concat, Transpose, Cos/Sin rotary tables, MatMulNBits)."""
+    from uaii.backends import registry
+    from uaii.backends.cuda.backend import CudaBackend
+    from uaii.backends.cuda.host import HostDevice
+
+    monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=HostDevice(kernels="compiled")))
+    path, positions = _model(tmp_path, name)
+    want, _ = ort_greedy(path, PROMPT, NEW, 2, positions=positions)
+    with Session(path, device="cuda") as s:
+        got = s.generate(PROMPT, max_new_tokens=NEW, ignore_eos=True).tokens
+    assert list(got) == want
