@@ -98,6 +98,34 @@ def test_streamed_expert_banks_move_only_the_chosen_experts(tmp_path: Path, arch
     assert banks and moved < sum(sizes.values()) - banks * (1 - k / e) + 4096, (moved, banks)
 
 
+@pytest.mark.parametrize(("arch", "budget"), [("qwen3moe", 160), ("qwen2moe", 200)])
+def test_the_device_expert_cache_keeps_chosen_experts_between_steps(tmp_path: Path, arch: str, budget: int,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the device budget leaves once a bank streams is an expert cache (gpu_budget: expert_cache_bytes): a
+    step copies only the chosen experts the cache does not hold. Against the same run without the cache: the logits
+    bit for bit, and exactly the hits' bytes fewer moved."""
+    import uaii.backends.cuda.executable as X
+
+    hf = H.save_tiny(arch, tmp_path / arch)
+    ids = np.random.default_rng(5).integers(3, 64, size=N_PREFILL + N_DECODE).astype(np.int64)
+    opts = {"max_context": 64, "max_batch": 16, "gpu_budget_bytes": budget << 10}  # banks stream, a cache is left
+    runs = {}
+    for cached in (True, False):
+        if not cached:
+            monkeypatch.setattr(X, "bank_slots", lambda *_: {})
+        dev = HostDevice()
+        monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=dev))
+        with Session(hf, device="cuda", plan_cache=False, **opts) as s:
+            assert s.device_residency is not None and s.device_residency.expert_cache_bytes > 0
+            logits = [s.forward(ids[:N_PREFILL].tolist())] + [s.forward([int(t)]) for t in ids[N_PREFILL:]]
+            caches = dict(s._exe.expert_caches or {})  # type: ignore[union-attr]
+            runs[cached] = (np.stack(logits), dev.h2d_bytes, caches)
+    (want, moved_plain, none), (got, moved, caches) = runs[False], runs[True]
+    np.testing.assert_array_equal(got, want)
+    assert not none and caches and sum(c.hits for c in caches.values()) > 0
+    assert moved_plain - moved == sum(c.hits * c.expert_bytes for c in caches.values())
+
+
 def test_bert_and_all_rows_match_transformers_on_cuda(tmp_path: Path, device: Any,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Bidirectional attention over the node's own keys (BERT: LayerNorm, GELU, a tanh pooler) and a decoder's

@@ -15,9 +15,11 @@ differences, both of how a GPU streams: the backend's ``Capabilities.staging_buf
 (WebGPU: one, refilled after the work that read it was submitted; CUDA: two, one filled on a copy stream while
 kernels read the other), and every streamed weight passes through it
 in chunks of whole rows (``chunk_bytes``: a matrix's output features, a table's rows, a bank's experts) — no
-embedding rows looked up on the host, no expert cache. A backend that gathers a streamed bank's chosen experts
+embedding rows looked up on the host, no host expert cache. A backend that gathers a streamed bank's chosen experts
 into a buffer of their own (``Capabilities.expert_staging``: CUDA) gets one more staging buffer counted once a bank
-streams. A weight the host budget streams also streams on the device: the
+streams, and what the budget then leaves (up to the streamed banks' bytes) as a device expert cache
+(``expert_cache_bytes``, a compile option it declares) that keeps recently chosen experts between steps. A weight
+the host budget streams also streams on the device: the
 host does not keep it, so the device reads it from the host store each time (acquire, upload, release).
 
 Default budget: :data:`DEVICE_FRACTION` of the device memory the backend reports (the driver, the display and other
@@ -60,17 +62,21 @@ class DeviceResidency:
     arena_bytes: int = 0
     kv_cache_bytes: int = 0
     staging_buffers: int = 1
+    expert_cache_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.resident_bytes + self.staging_bytes + self.arena_bytes + self.kv_cache_bytes
+        return self.resident_bytes + self.staging_bytes + self.arena_bytes + self.kv_cache_bytes + \
+            self.expert_cache_bytes
 
     def describe(self) -> str:
         """``webgpu: 30 of 272 weights stream (1.2 GiB), 0.4 GiB resident; budget 1.6 GiB of 2.0 GiB``."""
         n = len(self.resident) + len(self.streamed)
+        cache = f", expert cache {format_bytes(self.expert_cache_bytes)}" if self.expert_cache_bytes else ""
         return (f"{self.backend}: {len(self.streamed)} of {n} weights stream ({format_bytes(self.streamed_bytes)}), "
                 f"{format_bytes(self.resident_bytes)} resident, staging {format_bytes(self.staging_bytes)} "
-                f"({self.staging_buffers} buffers); device "
+                f"({self.staging_buffers} buffers)"
+                f"{cache}; device "
                 f"budget {format_bytes(self.budget_bytes)} of {format_bytes(self.device_memory)}")
 
 
@@ -114,10 +120,12 @@ def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int
 
     buffers = max(1, staging_buffers)
     storage = plan(buffers)
-    if expert_staging and any(w.mode == "streamed" or w.ref in host_streamed for w in storage.weights
-                              if w.ref in banks):
+    streamed_banks = [w for w in storage.weights if w.ref in banks and (w.mode == "streamed" or w.ref in host_streamed)]
+    if expert_staging and streamed_banks:
         buffers += 1  # the expert area: one more buffer of a staging buffer's bytes
         storage = plan(buffers)
+        streamed_banks = [w for w in storage.weights
+                          if w.ref in banks and (w.mode == "streamed" or w.ref in host_streamed)]
     resident, streamed = [], []
     resident_bytes = streamed_bytes = 0
     for w in storage.weights:
@@ -128,8 +136,11 @@ def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int
             resident.append(w.ref)
             resident_bytes += w.nbytes
     staging = storage.staging_bytes if streamed else 0
+    used = resident_bytes + staging + arena_bytes + kv_cache_bytes
+    # what the budget leaves keeps streamed banks' recent experts on the device (a backend gathering them)
+    cache = min(max(budget_bytes - used, 0), sum(w.nbytes for w in streamed_banks)) if expert_staging else 0
     return DeviceResidency(backend, device_memory, budget_bytes, tuple(resident), tuple(streamed), resident_bytes,
-                           streamed_bytes, staging, arena_bytes, kv_cache_bytes, buffers)
+                           streamed_bytes, staging, arena_bytes, kv_cache_bytes, buffers, cache)
 
 
 def device_streaming(backend: Backend, graph: Graph, plan: Any, options: SessionOptions,
@@ -162,8 +173,10 @@ def device_streaming(backend: Backend, graph: Graph, plan: Any, options: Session
     # without a host budget, host memory may hold a second copy of what the device streams (the host-pinned tier:
     # page-locked, copied to the device without passing through a staging buffer); under one, it may not
     host_resident = [r for r in residency.streamed if r not in host_streamed] if not o.budget_bytes else []
+    extra = {"expert_cache_bytes": residency.expert_cache_bytes} if "expert_cache_bytes" in caps.compile_options \
+        and residency.expert_cache_bytes else {}
     return residency, {**kw, "streamed": list(residency.streamed), "chunk_bytes": chunk,
-                       "host_resident": host_resident}
+                       "host_resident": host_resident, **extra}
 
 
 __all__ = ["DEVICE_FRACTION", "DeviceResidency", "device_budget", "device_streaming", "plan_residency"]

@@ -87,7 +87,7 @@ class CudaBackend(BackendBase):
                             ops=OPS, streams_weights=True, kv_dtypes=frozenset({"f32", "f16"}),
                             kv_positions=frozenset({"absolute"}), kv_window=True, batched_kv=True,
                             device_memory=self.device_memory(), arena=ARENA_RULE, staging_buffers=2,
-                            expert_staging=True)
+                            expert_staging=True, compile_options=frozenset({"expert_cache_bytes"}))
 
     def plan_arena(self, graph: Graph, max_tokens: int, *, memory_reuse: bool = True) -> ArenaLayout:
         """The device arena ``compile(graph, plan)`` allocates at ``max_tokens`` tokens (no device is opened)."""
@@ -99,12 +99,13 @@ class CudaBackend(BackendBase):
     def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource, *, max_tokens: int = 0,
                 kv_state: bool = True, memory_reuse: bool = True, streamed: Collection[str] = (),
                 prefetch_order: Sequence[str] = (), expert_cache: Any = None, chunk_bytes: int = 0,
-                host_resident: Collection[str] = (), **options: Any) -> Any:
+                host_resident: Collection[str] = (), expert_cache_bytes: int = 0, **options: Any) -> Any:
         """Resident weights are uploaded on first use at compile time; those in ``streamed`` move through the
         staging slots in pieces of at most ``chunk_bytes`` every run, in step order (``prefetch_order`` adds
         nothing: the steps are the plan's order) — the pieces of those also in ``host_resident`` from page-locked
         host copies made once (the host-pinned tier), the others read from the store into a page-locked staging
-        buffer first. The host expert cache does not apply to a device."""
+        buffer first. The host expert cache does not apply to a device; ``expert_cache_bytes`` of device memory
+        keep streamed banks' recently chosen experts between steps (expert_cache.py)."""
         from uaii.backends.cuda.executable import CudaExecutable
 
         self.device_compile_args(options, expert_cache)
@@ -113,6 +114,7 @@ class CudaBackend(BackendBase):
         tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512
         exe = CudaExecutable(graph, node_infos(graph), weights, dev, max_tokens=tokens, kv_state=kv_state,
                              streamed=streamed, chunk_bytes=chunk_bytes, host_resident=host_resident,
+                             expert_cache_bytes=expert_cache_bytes,
                              arena=plan.arena if plan is not None else None)
         try:
             exe.prepare()

@@ -49,6 +49,7 @@ from uaii.backends.base import (
     per_expert,
     weight_key,
 )
+from uaii.backends.cuda.expert_cache import DeviceExpertCache, bank_slots
 from uaii.backends.cuda.kv_state import CudaKVState
 from uaii.backends.kv_book import KVBatch
 from uaii.backends.webgpu.arena import lay_out, uncovered
@@ -123,7 +124,8 @@ class CudaExecutable:
 
     def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: Any, *,
                  max_tokens: int = 512, kv_state: bool = True, streamed: Collection[str] = (),
-                 chunk_bytes: int = 0, arena: ArenaLayout | None = None, host_resident: Collection[str] = ()) -> None:
+                 chunk_bytes: int = 0, arena: ArenaLayout | None = None, host_resident: Collection[str] = (),
+                 expert_cache_bytes: int = 0) -> None:
         self.graph = graph
         self.infos = infos
         self.dev = dev
@@ -163,6 +165,9 @@ class CudaExecutable:
         self._ids = dev.upload(np.arange(self.max_tokens, dtype=np.int32))  # rows of a host-gathered embedding
         self._current: Binding | None = None
         self._experts: tuple[Any, Any, Any] | None = None  # the expert area of streamed banks (expert_area)
+        self.expert_cache_bytes = max(int(expert_cache_bytes), 0)
+        self._banks: dict[str, tuple[int, int, int]] = {}  # streamed banks gathered: (experts, expert bytes, top_k)
+        self.expert_caches: dict[str, DeviceExpertCache] | None = None  # made once every bank is known
         self._feeds: Mapping[str, np.ndarray] = {}
         self.shape_deps = shape_values(graph, infos)  # feeds whose values decide shapes key the bindings too
         self._fault: Any = None  # a word kernels write a node's fault code to (fault_ptr), and its host copy
@@ -306,6 +311,9 @@ class CudaExecutable:
         feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, _count(types[n].shape)))
                  for n in self.input_names]
         outputs = [(n, addr[n], types[n].dtype, types[n].shape) for n in self.output_names]
+        if self.expert_caches is None and self._banks:
+            self.expert_caches = {name: DeviceExpertCache(self.dev, n, self._banks[name][1])
+                                  for name, n in bank_slots(self.expert_cache_bytes, self._banks).items()}
         binding = Binding(b.steps, feeds, outputs, b.n_new, batched, b.pieces, b.owned, b.tables, b.pinned_tables,
                           faults=b.faults, bit_feeds=frozenset(b.bit_feeds))
         if b.pieces:
@@ -525,6 +533,14 @@ class CudaExecutable:
             self.dev.free_host(self._experts[2])
             self._experts = None
 
+    def gathered_bank(self, bank: str, experts: int, expert_bytes: int, top_k: int) -> None:
+        """A binding gathers the chosen experts of streamed ``bank``: the expert caches (expert_cache.py) are shared
+        among the banks so registered once the first binding is made."""
+        self._banks[bank] = (int(experts), int(expert_bytes), int(top_k))
+
+    def expert_cache(self, bank: str) -> DeviceExpertCache | None:
+        return (self.expert_caches or {}).get(bank)
+
     def expert_bytes(self, bank: str, expert: int, nbytes: int) -> np.ndarray:
         """The stored bytes of one expert of a bank (rows ``[expert, expert + 1)``; an HF bank's own tensor)."""
         return self._piece_bytes(Piece(bank, "packed", expert, expert + 1, nbytes))
@@ -569,7 +585,8 @@ class CudaExecutable:
         per_token = kv_bytes_per_token(self.graph) if self.kv is not None else 0
         staging = STAGING_SLOTS * self._slot_bytes + (self._scores.nbytes if self._scores is not None else 0) + \
             (self._experts[0].nbytes + self._experts[1].nbytes if self._experts is not None else 0)
-        return ExecutableMemory(arena_bytes=self._arena_bytes, weight_bytes=self.weight_bytes,
+        cached = sum(c.slots * c.expert_bytes for c in (self.expert_caches or {}).values())
+        return ExecutableMemory(arena_bytes=self._arena_bytes, weight_bytes=self.weight_bytes + cached,
                                 staging_bytes=staging, kv_bytes_per_token=per_token, device="device")
 
     def fault_ptr(self) -> int:
@@ -601,6 +618,10 @@ class CudaExecutable:
             self.dev.synchronize()
         self._drop_bindings()
         self._free_experts()
+        for cache in (self.expert_caches or {}).values():
+            with contextlib.suppress(Exception):
+                cache.free(self.dev)
+        self.expert_caches = {}
         for buf in (*self._resident.values(), *self._derived.values(), *self._slots, self._arena, self._scores,
                     self._ids, self._fault):
             if buf is not None:

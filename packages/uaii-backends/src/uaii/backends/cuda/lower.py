@@ -751,13 +751,25 @@ class Binder:
         indices back (one small copy and a wait per bank), copies the distinct experts into an expert buffer of at
         most one staging slot's bytes (groups of them when more were chosen than it holds) and runs the products
         with the indices remapped into the buffer (-1: another group's). A decode step of a top-k router moves k
-        experts of each bank, not the bank."""
+        experts of each bank, not the bank. With a device expert cache (expert_cache.py) holding the bank's share,
+        the chosen experts are placed in its slots and only those not held are copied."""
         e = int(info.attrs["n_experts"])
         per = max(1, self.exe.chunk_bytes // expert_bytes) if self.exe.chunk_bytes else e
         group = max(1, min(e, pairs, per))
         dev, stream, exe = self.dev, self.exe.stream, self.exe
         pidx = self.a(info.node.inputs[2])
         exe.expert_area(group * expert_bytes, pairs)  # sized at bind time: the run allocates nothing
+        exe.gathered_bank(bank, e, expert_bytes, int(info.attrs["top_k"]))
+
+        def fill(experts: np.ndarray, todo: list[tuple[int, int]], dst: Callable[[int], int]) -> None:
+            """Copy experts (expert, place) into ``dst(place)`` through the page-locked buffer, ``group`` at a
+            time (the buffer is reused once the copies before have run)."""
+            for c0 in range(0, len(todo), group):
+                dev.sync_stream(stream)  # the buffer's last copies (and the products that read the places) are done
+                for j, (ex, place) in enumerate(todo[c0:c0 + group]):
+                    at = experts[j * expert_bytes:(j + 1) * expert_bytes]
+                    at[:] = exe.expert_bytes(bank, ex, expert_bytes)
+                    dev.copy_htod(dst(place), at, stream)
 
         def step(ctx: RunContext) -> None:
             ebuf, pmap, host = exe.expert_area(group * expert_bytes, pairs)
@@ -768,14 +780,20 @@ class Binder:
             dev.sync_stream(stream)
             idx = chosen_host.copy()
             distinct = np.unique(idx)
+            cache = exe.expert_cache(bank)
+            if cache is not None and distinct.size <= cache.slots:  # the cache's slots hold every chosen expert
+                slots, todo = cache.place(distinct)
+                fill(experts, todo, lambda slot: cache.ptr + slot * expert_bytes)
+                remap_host[:] = [slots[int(x)] for x in idx]
+                dev.copy_htod(pmap, remap_host, stream)
+                launch(cache.ptr, 0, cache.slots, pmap)
+                dev.sync_stream(stream)
+                return
             for g0 in range(0, distinct.size, group):
                 members = distinct[g0:g0 + group]
-                dev.sync_stream(stream)  # the last group's products have read the buffer and the remap
-                for j, ex in enumerate(members.tolist()):
-                    experts[j * expert_bytes:(j + 1) * expert_bytes] = exe.expert_bytes(bank, ex, expert_bytes)
+                fill(experts, [(int(ex), j) for j, ex in enumerate(members)], lambda j: ebuf + j * expert_bytes)
                 at = np.minimum(np.searchsorted(members, idx), members.size - 1)
                 remap_host[:] = np.where(members[at] == idx, at, -1)
-                dev.copy_htod(ebuf, experts[:members.size * expert_bytes], stream)
                 dev.copy_htod(pmap, remap_host, stream)
                 launch(ebuf, 0, int(members.size), pmap)
             dev.sync_stream(stream)  # the shared expert area is free for the next bank's step
