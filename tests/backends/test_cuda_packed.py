@@ -198,17 +198,26 @@ def test_rows_are_mlxs_values_bit_for_bit(lay: Layout, dev: Any, rng: np.random.
     r, units = ids.size, -(-lay.k // 32)
     at = geometry.elementwise(r * units)
     args, di = _layout_args(dev, lay, wt), dev.upload(ids)
+    fault = dev.upload(np.zeros(1, np.int32))
     row_bytes = lay.k * lay.bits // 8
     for w, widx, w0, w1 in (
             (dev.upload(wt.packed), di, 0, vocab),
             (dev.upload(wt.packed[4 * row_bytes:9 * row_bytes]), di, 4, 9),
             (dev.upload(wt.packed.reshape(vocab, row_bytes)[ids]), dev.upload(np.arange(r, dtype=np.int32)), 0, r)):
         dy = _filled(dev, r * lay.k)
-        dev.launch("packed", "pk_rows", at, w, *args, widx, Int(w0), Int(w1), di, Int(r), dy)
+        dev.launch("packed", "pk_rows", at, w, *args, widx, Int(w0), Int(w1), di, Int(r), dy, Int(vocab), fault, Int(3))
         got = dev.download(dy, (r, lay.k), np.float32)
         mine = (ids >= w0) & (ids < w1) if w1 != r else np.ones(r, bool)
         assert np.array_equal(got[mine].view(np.uint32), want[mine].view(np.uint32))
         assert (got[~mine] == SENTINEL).all()
+    assert dev.download(fault, (1,), np.int32)[0] == 0
+    bad = dev.upload(np.array([0, vocab, -1, 1] + [2] * (r - 4), np.int32))  # ids outside the table: zeros, a fault
+    dy = _filled(dev, r * lay.k)
+    dev.launch("packed", "pk_rows", at, dev.upload(wt.packed), *args, bad, Int(0), Int(vocab), bad, Int(r), dy,
+               Int(vocab), fault, Int(3))
+    got = dev.download(dy, (r, lay.k), np.float32)
+    assert dev.download(fault, (1,), np.int32)[0] == 3 and not got[1:3].any()
+    assert np.array_equal(got[[0, 3]].view(np.uint32), wt.dense[[0, 1]].astype(np.float32).view(np.uint32))
 
 
 @pytest.mark.parametrize("lay", BANKS, ids=lambda lay: lay.id)
@@ -255,7 +264,7 @@ def test_a_grid_too_small_leaves_the_rest_untouched(dev: Any, rng: np.random.Gen
     ids = np.array([7, 2], np.int32)
     di, dr = dev.upload(ids), _filled(dev, 2 * lay.k)
     dev.launch("packed", "pk_rows", Launch((1, 1, 1), (5, 1, 1)), dev.upload(wt.packed), *_layout_args(dev, lay, wt),
-               di, Int(0), Int(n), di, Int(2), dr)
+               di, Int(0), Int(n), di, Int(2), dr, Int(n), NULL, Int(1))
     got = dev.download(dr, (2 * lay.k,), np.float32)
     want = wt.dense[ids].astype(np.float32).reshape(-1)
     assert np.array_equal(got[:lay.k + 32], want[:lay.k + 32]) and (got[lay.k + 32:] == SENTINEL).all()
@@ -371,3 +380,21 @@ def test_pair_chunks_cover_every_pair_in_whole_tokens() -> None:
         chunks = geometry.pair_chunks(pairs, k)
         assert [s for s, _ in chunks] == list(np.cumsum([0] + [n for _, n in chunks[:-1]]))
         assert sum(n for _, n in chunks) == pairs and all(s % k == 0 and n <= geometry.MAX_GRID_YZ for s, n in chunks)
+
+
+def test_a_token_id_outside_a_quantized_table_raises_naming_the_node() -> None:
+    """QuantizedEmbedding faults on an id outside the table (the CPU reference's error), as Embedding does."""
+    from uaii.backends.base import ArrayWeights, BackendError
+    from uaii.backends.cuda.backend import CudaBackend
+
+    case = next(c for c in cases() if c.op == "QuantizedEmbedding" and c.feeds)
+    ids = next(n for n in case.graph.inputs if n in case.feeds)
+    exe = CudaBackend(device=HostDevice(kernels="compiled")).compile(case.graph, None, ArrayWeights(case.weights))
+    good = exe.run(case.feeds)
+    bad = np.array(case.feeds[ids]).copy()
+    bad.reshape(-1)[0] = 10 ** 6
+    with pytest.raises(BackendError, match=r"node '.*QuantizedEmbedding': a token id outside the table's"):
+        exe.run({**case.feeds, ids: bad})
+    for name, value in exe.run(case.feeds).items():
+        np.testing.assert_array_equal(value, good[name])
+    exe.close()

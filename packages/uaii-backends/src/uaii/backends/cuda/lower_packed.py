@@ -177,10 +177,11 @@ def quantized_embedding(b: Binder, info: NodeInfo) -> None:
         return
     pids, py, dev, stream, exe = b.a(ids), b.a(y), b.dev, b.exe.stream, b.exe
     at = geometry.elementwise(r * -(-dim // 32))
+    fault, code = b.fault(f"a token id outside the table's {vocab} rows")
 
     def rows(pw: int, r0: int, count: int, widx: int = pids) -> None:
         dev.launch("packed", "pk_rows", at, c_p(pw), *p.args(), c_p(widx), c_int(r0), c_int(r0 + count), c_p(pids),
-                   c_int(r), c_p(py), stream=stream)
+                   c_int(r), c_p(py), c_int(vocab), c_p(fault), c_int(code), stream=stream)
     if not (b.is_weight(w) and w in exe.streamed and ids in exe.input_names):
         _read(b, p, rows)
         return

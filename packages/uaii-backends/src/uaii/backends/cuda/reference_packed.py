@@ -156,15 +156,24 @@ def _pk_gemv_idx(mem: HostMemory, at: Launch, v: Values) -> None:
 
 def _pk_rows(mem: HostMemory, at: Launch, v: Values) -> None:
     """y[i, :] = row widx[i] - w0 of the packed rows, decoded with the scales of row sidx[i], for the ids whose row
-    is in [w0, w1): the 32-value units < grid.x * block.x (a token's units in turn), exact."""
-    w, stride, k, bits, group, mode, scales, offs, widx, w0, w1, sidx, r, y = v
+    is in [w0, w1): the 32-value units < grid.x * block.x (a token's units in turn), exact. A token whose id
+    (sidx) lies outside [0, vocab) gets zeros and the fault code."""
+    w, stride, k, bits, group, mode, scales, offs, widx, w0, w1, sidx, r, y, vocab, fault, code = v
     lay = _layout("pk_rows", stride, k, bits, group, mode, scales, offs)
     units = -(-k // 32)
     n = _items(at, units * r)
     if n <= 0:
         return
-    rows = _load(mem, widx, np.int32, np.arange(-(-n // units))).astype(np.int64)
-    mine = np.flatnonzero((rows >= w0) & (rows < w1))
+    tokens = np.arange(-(-n // units))
+    ids = _load(mem, sidx, np.int32, tokens).astype(np.int64)
+    bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        _store(mem, fault, np.int32, np.zeros(1, np.int64), np.array([code], np.int32))
+        cut = np.minimum(k, 32 * np.minimum(units, n - tokens[bad] * units))
+        zero = (tokens[bad][:, None] * k + np.arange(k))[np.arange(k) < cut[:, None]]
+        _store(mem, y, F32, zero, np.zeros(zero.size, F32))
+    rows = _load(mem, widx, np.int32, tokens).astype(np.int64)
+    mine = np.flatnonzero((rows >= w0) & (rows < w1) & ~bad)
     if not mine.size:
         return
     values = _decode(mem, lay, w, rows[mine] - w0, _load(mem, sidx, np.int32, mine).astype(np.int64))

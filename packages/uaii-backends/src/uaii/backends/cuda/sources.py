@@ -82,7 +82,7 @@ _FAMILIES = {
     # kernel (or prefix + "_"): its parameters' C kinds — p a pointer, i int, l long long, f float
     "gemv_": "pliiplpl", "gemv_idx_": "plliiplipiipl", "dequant_": "plp", "rows_": "pllpiplpi", "mmq_": "pliipppipl",
     "quant_act": "pliippp",
-    "pk_gemv": "piiiiiippplipl", "pk_gemv_idx": "piiiiiippplipiippl", "pk_rows": "piiiiipppiipip",
+    "pk_gemv": "piiiiiippplipl", "pk_gemv_idx": "piiiiiippplipiippl", "pk_rows": "piiiiipppiipipipi",
     "rms_norm": "pppifi", "add_rms_norm": "pppppifi", "swiglu": "pplilp", "geglu": "pplilpi", "add": "pppl",
     "bcast": "pplllpi", "unary": "plpifi", "copy_rows": "plplii", "layer_norm": "ppppif", "moe_route": "piiiiipp",
     "moe_combine": "ppiiip", "rope": "pppiiiiif", "attn_scores": "ppppppiiiffiipl", "attn_softmax": "pppil",

@@ -220,15 +220,20 @@ extern "C" __global__ void pk_gemv_idx(const uk_u8 *bank, int n, int stride, int
 }
 
 /* y[i, :] = row widx[i] - w0 of the packed rows at w, dequantized, for the r ids whose row is in [w0, w1) (all of
-   the table, one streamed piece, or the rows gathered for the ids); its scales those of row sidx[i]. One thread
-   per 32-value unit. */
+   the table, one streamed piece, or the rows gathered for the ids); its scales those of row sidx[i] (the token's
+   id: one outside [0, vocab) writes zeros and the fault code). One thread per 32-value unit. */
 extern "C" __global__ void pk_rows(const uk_u8 *w, int stride, int k, int bits, int group, int mode,
                                    const uk_u32 *scales, const uk_u32 *offs, const int *widx, int w0, int w1,
-                                   const int *sidx, int r, float *y) {
+                                   const int *sidx, int r, float *y, int vocab, int *fault, int code) {
     const pk_layout L = {w, stride, k, bits, group, mode, scales, offs};
     const long long units = (k + 31) / 32, t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= units * r) return;
     const long long i = t / units, u = t % units;
+    if (sidx[i] < 0 || sidx[i] >= vocab) {  /* a token id outside the table: zeros, and the run raises */
+        *fault = code;
+        for (int j = 0; j < 32 && 32 * u + j < k; j++) y[i * k + 32 * u + j] = 0.0f;
+        return;
+    }
     const int row = widx[i];
     if (row < w0 || row >= w1) return;
     float q[32];
