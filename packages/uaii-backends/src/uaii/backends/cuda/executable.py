@@ -87,9 +87,11 @@ class Piece:
 
 @dataclass
 class RunContext:
-    """What a run's steps read: the KV state(s) of the run (one, or a KVBatch's rows)."""
+    """What a run's steps read: the KV state(s) of the run (one, or a KVBatch's rows), and the expert indices a
+    router chose, read back once for the three banks of its experts node (``chosen``: by the node's name)."""
 
     states: list[CudaKVState]
+    chosen: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

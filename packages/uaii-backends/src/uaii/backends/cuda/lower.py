@@ -748,16 +748,16 @@ class Binder:
     def _gathered_experts(self, info: NodeInfo, bank: str, expert_bytes: int, pairs: int,
                           launch: Callable[..., None]) -> None:
         """A streamed bank's products on the experts the router chose, and on them alone: the step reads the
-        indices back (one small copy and a wait per bank), copies the distinct experts into an expert buffer of at
-        most one staging slot's bytes (groups of them when more were chosen than it holds) and runs the products
-        with the indices remapped into the buffer (-1: another group's). A decode step of a top-k router moves k
-        experts of each bank, not the bank. With a device expert cache (expert_cache.py) holding the bank's share,
-        the chosen experts are placed in its slots and only those not held are copied."""
+        indices back (one small copy and a wait per experts node, shared by its banks), copies the distinct experts
+        into an expert buffer of at most one staging slot's bytes (groups of them when more were chosen than it
+        holds) and runs the products with the indices remapped into the buffer (-1: another group's). A decode step
+        of a top-k router moves k experts of each bank, not the bank. With a device expert cache (expert_cache.py)
+        holding the bank's share, the chosen experts are placed in its slots and only those not held are copied."""
         e = int(info.attrs["n_experts"])
         per = max(1, self.exe.chunk_bytes // expert_bytes) if self.exe.chunk_bytes else e
         group = max(1, min(e, pairs, per))
         dev, stream, exe = self.dev, self.exe.stream, self.exe
-        pidx = self.a(info.node.inputs[2])
+        pidx, node = self.a(info.node.inputs[2]), info.node.name
         exe.expert_area(group * expert_bytes, pairs)  # sized at bind time: the run allocates nothing
         exe.gathered_bank(bank, e, expert_bytes, int(info.attrs["top_k"]))
 
@@ -776,9 +776,11 @@ class Binder:
             experts = host[:group * expert_bytes]
             chosen_host = host[group * expert_bytes:group * expert_bytes + 4 * pairs].view(np.int32)
             remap_host = host[group * expert_bytes + 4 * pairs:group * expert_bytes + 8 * pairs].view(np.int32)
-            dev.copy_dtoh(chosen_host, pidx, stream)
-            dev.sync_stream(stream)
-            idx = chosen_host.copy()
+            if node not in ctx.chosen:  # the node's first streamed bank reads them; the others reuse them
+                dev.copy_dtoh(chosen_host, pidx, stream)
+                dev.sync_stream(stream)
+                ctx.chosen[node] = chosen_host.copy()
+            idx = ctx.chosen[node]
             distinct = np.unique(idx)
             cache = exe.expert_cache(bank)
             if cache is not None and distinct.size <= cache.slots:  # the cache's slots hold every chosen expert
