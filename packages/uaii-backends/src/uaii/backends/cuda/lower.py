@@ -4,9 +4,11 @@ Why apart from the executable: this is the part that turns shapes and attributes
 counts, leading dimensions, table offsets, which rows a streamed piece covers), where one wrong number is a wrong
 token, not an error — so it is a list of small functions, one per op, each checked against the CPU backend through
 the host model (tests/runtime/test_cuda_executable.py, test_cuda_parity.py, tests/backends/test_cuda_conformance.py).
-A node this backend cannot run in the form given (a block-quantized weight stored [K, N], K not a multiple of 32, a
-non-contiguous slice, integers through a float kernel) is a BackendError naming it, at compile time. The ops and
-forms are listed in docs/backends.md.
+A node this backend cannot run in the form given (a block-quantized weight stored [K, N] or gathered by Gather,
+integer arithmetic narrower than the device's 32-bit words, an i64 constant beyond them) is a BackendError naming
+it, at compile time; what only the data shows (an integer division by zero, an index out of range, an i64 result
+beyond 32 bits) faults, and the run raises naming the node (:meth:`Binder.fault`). The ops beyond a decoder's are
+lowered in lower_ew.py and lower_packed.py; the ops and forms are listed in docs/backends.md.
 """
 
 from __future__ import annotations
