@@ -1,7 +1,7 @@
 """The device's expert cache: experts of a streamed MoE bank kept in device memory between steps, least recently
 used first out.
 
-Why: a streamed bank moves only the experts its router chose (lower.Binder._gathered_experts), but without a cache
+Why: a streamed bank moves only the experts its router chose (lower.Binder.gathered_experts), but without a cache
 it moves them again at every step, and routers repeat themselves — the same few experts serve many consecutive
 tokens. With ``expert_cache_bytes`` the executable gives each streamed bank the same share of its experts as slots
 (the budget over the streamed banks' bytes); a step copies only the chosen experts not already in a slot. It is the

@@ -157,7 +157,7 @@ class Binder:
         if op in VIEW_OPS:
             return self.view(info)
         if op in UNARY:
-            return self._unary(info, UNARY[op])
+            return self.unary_map(info, UNARY[op])
         fn = getattr(self, f"op_{op}", None)
         if fn is not None:
             return fn(info)
@@ -603,7 +603,7 @@ class Binder:
     def op_Mul(self, info: NodeInfo) -> None:
         self._binary(info, 1)
 
-    def _unary(self, info: NodeInfo, op: int, param: float = 0.0) -> None:
+    def unary_map(self, info: NodeInfo, op: int, param: float = 0.0) -> None:
         x, y = info.node.inputs[0], info.node.outputs[0]
         if lower_ew.is_int(lower_ew.dtype_of(self, x)):
             return lower_ew.int_unary(self, info)
@@ -617,7 +617,7 @@ class Binder:
         approx = str(info.attrs.get("approximate", "none"))
         if approx not in ("none", "tanh"):
             raise self.fail(f"Gelu approximate={approx!r}")
-        self._unary(info, 2 if approx == "tanh" else 1)
+        self.unary_map(info, 2 if approx == "tanh" else 1)
 
     def op_LayerNorm(self, info: NodeInfo) -> None:
         ins = [*info.node.inputs, "", ""]
@@ -672,7 +672,7 @@ class Binder:
 
     def op_MoEExperts(self, info: NodeInfo) -> None:
         """:meth:`expert_ffn` over banks in the encodings of TYPES, each product a gemv_idx_<type> launch. A
-        streamed bank moves only the experts the router chose (:meth:`_gathered_experts`)."""
+        streamed bank moves only the experts the router chose (:meth:`gathered_experts`)."""
         x, _, indices, gate, up, down = info.node.inputs[:6]
         e = int(info.attrs["n_experts"])
         d = int(self.types[x].shape[-1])
@@ -702,7 +702,7 @@ class Binder:
                                c_ll(ldx), c_int(x_div), c_p(idx + 4 * s0), c_int(e0), c_int(e0 + count),
                                c_p(dst + 4 * s0 * rows), c_ll(rows), stream=stream)
             if bank in self.exe.streamed:
-                self._gathered_experts(info, bank, rows * row_bytes, pairs, launch)
+                self.gathered_experts(info, bank, rows * row_bytes, pairs, launch)
             else:
                 self.weight_reader(bank, "packed", e, launch)
         self.expert_ffn(info, ff, products)
@@ -747,7 +747,7 @@ class Binder:
     def op_MoEExpertsSwiGLU(self, info: NodeInfo) -> None:
         self.op_MoEExperts(info)
 
-    def _gathered_experts(self, info: NodeInfo, bank: str, expert_bytes: int, pairs: int,
+    def gathered_experts(self, info: NodeInfo, bank: str, expert_bytes: int, pairs: int,
                           launch: Callable[..., None]) -> None:
         """A streamed bank's products on the experts the router chose, and on them alone: the step reads the
         indices back (one small copy and a wait per experts node, shared by its banks), copies the distinct experts

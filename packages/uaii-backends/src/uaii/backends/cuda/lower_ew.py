@@ -180,7 +180,7 @@ def softcap(b: Binder, info: NodeInfo) -> None:
     cap = float(info.attrs["cap"])
     if cap == 0.0:
         raise b.fail("Softcap with cap 0")
-    b._unary(info, 15, cap)
+    b.unary_map(info, 15, cap)
 
 
 def where(b: Binder, info: NodeInfo) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.cuda import geometry
 from uaii.backends.cuda.executable import Piece
+from uaii.backends.cuda.lower_ew import dtype_of, shape_of
 from uaii.backends.cuda.sources import PACKED_MODES
 from uaii.ir import DType
 from uaii.ir.ops.quantized import BANK_SLOTS, BANKS
@@ -65,14 +66,6 @@ class Packed:
                 c_p(self.scales + 4 * r0 * self.scales_ld), c_p(offs))
 
 
-def _dtype(b: Binder, name: str) -> DType:
-    return b.types[name].dtype if name in b.types else b.exe.tensor(name).dtype
-
-
-def _shape(b: Binder, name: str) -> tuple[int, ...]:
-    return tuple(int(d) for d in (b.types[name].shape if name in b.types else b.exe.tensor(name).shape))
-
-
 def _words(b: Binder, name: str) -> int:
     """Device address of a parameter table as 4-byte words: a weight's f32 form, a fed value's arena region; 0
     for an absent input."""
@@ -83,14 +76,14 @@ def _words(b: Binder, name: str) -> int:
 
 def _per_row(b: Binder, name: str, rows: int) -> int:
     """Words of ``name`` per weight row (its [rows * per] values flattened, whatever its declared rank)."""
-    return int(np.prod(_shape(b, name), dtype=np.int64)) // rows if name else 0
+    return int(np.prod(shape_of(b, name), dtype=np.int64)) // rows if name else 0
 
 
 def packed(b: Binder, name: str, scales: str, offs: str, *, rows: int, weight_rows: int, k: int, bits: int,
            group: int, mode: str) -> Packed:
     """The :class:`Packed` of packed tensor ``name`` with its scales and offsets (biases, zero points, or "")."""
-    stride = 4 if not b.is_weight(name) and _dtype(b, name) is DType.U8 else 1
-    if _dtype(b, name) is DType.U32 and name in b.exe.input_names:
+    stride = 4 if not b.is_weight(name) and dtype_of(b, name) is DType.U8 else 1
+    if dtype_of(b, name) is DType.U32 and name in b.exe.input_names:
         b.bit_feeds.add(name)  # its words are bits: fed as they are, not range-checked as integers
     return Packed(name, rows, k, bits, group, mode, stride, _words(b, scales), _words(b, offs),
                   _per_row(b, scales, weight_rows), _per_row(b, offs, weight_rows))
@@ -101,7 +94,7 @@ def _mlx(b: Binder, info: NodeInfo, name: str, scales: str, biases: str, *, rows
     """An MLX-quantized weight: the node's mode, affine by its scales' type."""
     mode = str(info.attrs["mode"])
     if mode == "affine":
-        st = _dtype(b, scales)
+        st = dtype_of(b, scales)
         if st not in AFFINE:
             raise b.fail(f"affine scales of {st.value} (the kernels round to f32, f16 or bf16)")
         mode = AFFINE[st]
@@ -123,7 +116,7 @@ def _product(b: Binder, p: Packed, x: str, y: str, bias: str, n: int) -> None:
     launches within the grid's y limit), each streamed piece writing its columns of y."""
     b.floats(x, y, *([bias] if bias else []))
     k = p.k
-    m = int(np.prod(_shape(b, x), dtype=np.int64)) // k
+    m = int(np.prod(shape_of(b, x), dtype=np.int64)) // k
     if not m:
         return
     px, py, dev, stream = b.a(x), b.a(y), b.dev, b.exe.stream
@@ -146,7 +139,7 @@ def matmul_nbits(b: Binder, info: NodeInfo) -> None:
     x, w, scales, zp, bias = (*info.node.inputs, "", "")[:5]
     a = info.attrs
     k, n, bits, bs = int(a["K"]), int(a["N"]), int(a.get("bits", 4)), int(a["block_size"])
-    mode = "nbits" if not zp or _dtype(b, zp) is DType.U8 else "nbits_float_zp"
+    mode = "nbits" if not zp or dtype_of(b, zp) is DType.U8 else "nbits_float_zp"
     p = packed(b, w, scales, zp, rows=n, weight_rows=n, k=k, bits=bits, group=bs, mode=mode)
     _product(b, p, x, info.node.outputs[0], bias, n)
 
@@ -166,13 +159,13 @@ def quantized_embedding(b: Binder, info: NodeInfo) -> None:
     serve the ids in their rows."""
     ids, w, scales, biases = (*info.node.inputs, "")[:4]
     y = info.node.outputs[0]
-    if _dtype(b, ids).is_float or _dtype(b, ids).is_quantized:
-        raise b.fail(f"QuantizedEmbedding ids {ids!r} are {_dtype(b, ids).value} (the kernel reads integers)")
+    if dtype_of(b, ids).is_float or dtype_of(b, ids).is_quantized:
+        raise b.fail(f"QuantizedEmbedding ids {ids!r} are {dtype_of(b, ids).value} (the kernel reads integers)")
     a = info.attrs
-    dim, vocab = int(a["dim"]), _shape(b, w)[0]
+    dim, vocab = int(a["dim"]), shape_of(b, w)[0]
     p = _mlx(b, info, w, scales, biases, rows=vocab, weight_rows=vocab, k=dim, bits=int(a["bits"]),
              group=int(a["group_size"]))
-    r = int(np.prod(_shape(b, ids), dtype=np.int64))
+    r = int(np.prod(shape_of(b, ids), dtype=np.int64))
     if not r:
         return
     pids, py, dev, stream, exe = b.a(ids), b.a(y), b.dev, b.exe.stream, b.exe
@@ -185,7 +178,7 @@ def quantized_embedding(b: Binder, info: NodeInfo) -> None:
     if not (b.is_weight(w) and w in exe.streamed and ids in exe.input_names):
         _read(b, p, rows)
         return
-    row_bytes = exe.tensor(w).dtype.nbytes(int(np.prod(_shape(b, w)[1:], dtype=np.int64)))
+    row_bytes = exe.tensor(w).dtype.nbytes(int(np.prod(shape_of(b, w)[1:], dtype=np.int64)))
     piece = len(b.pieces)
     b.pieces.append(Piece(w, "gather", 0, r, r * row_bytes, ids=ids))
     exe.ids_ptr(r)  # sized now; read when the step runs (a later, longer binding may grow it)
@@ -199,12 +192,12 @@ def quantized_moe_experts(b: Binder, info: NodeInfo) -> None:
     x, indices = ins[0], ins[2]
     e, top_k = int(info.attrs["n_experts"]), int(info.attrs["top_k"])
     bits, groups = tuple(info.attrs["bits"]), tuple(info.attrs["group_sizes"])
-    d = _shape(b, x)[-1]
-    ff = _shape(b, ins[BANK_SLOTS["gate"][0]])[1]
+    d = shape_of(b, x)[-1]
+    ff = shape_of(b, ins[BANK_SLOTS["gate"][0]])[1]
     banks = []
     for i, bank in enumerate(BANKS):
         w, s, bias = (ins[slot] for slot in BANK_SLOTS[bank])
-        banks.append(_mlx(b, info, w, s, bias, rows=e, weight_rows=e * _shape(b, w)[1], k=ff if bank == "down" else d,
+        banks.append(_mlx(b, info, w, s, bias, rows=e, weight_rows=e * shape_of(b, w)[1], k=ff if bank == "down" else d,
                           bits=int(bits[i]), group=int(groups[i])))
     dev, stream = b.dev, b.exe.stream
 
@@ -218,8 +211,8 @@ def quantized_moe_experts(b: Binder, info: NodeInfo) -> None:
                            c_int(e0), c_int(e0 + count), c_p(pidx + 4 * s0), c_p(dst + 4 * s0 * rows), c_ll(rows),
                            stream=stream)
         if b.is_weight(p.name) and p.name in b.exe.streamed:
-            expert_bytes = b.exe.tensor(p.name).dtype.nbytes(int(np.prod(_shape(b, p.name)[1:], dtype=np.int64)))
-            b._gathered_experts(info, p.name, expert_bytes, pairs, launch)
+            expert_bytes = b.exe.tensor(p.name).dtype.nbytes(int(np.prod(shape_of(b, p.name)[1:], dtype=np.int64)))
+            b.gathered_experts(info, p.name, expert_bytes, pairs, launch)
         else:
             _read(b, p, launch)
     b.expert_ffn(info, ff, products)
