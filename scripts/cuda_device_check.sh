@@ -5,10 +5,12 @@
 #
 # It uses the machine's own python3 (its image holds numpy, cuda-bindings, the NVRTC wheel, pytest, torch and
 # transformers) with the workspace's sources on PYTHONPATH, builds uaii-kernels' C extension there (cffi from
-# .device-wheels when the image lacks it: `pip download --only-binary=:all: --python-version 3.12 -d .device-wheels
-# cffi pycparser` here, the folder ignored by .git/info/exclude), then runs the CUDA tests that need no model file
-# (kernels, references, conformance, the tiny architectures against transformers) — failing if any skipped for want
-# of a device — and bench_gpu's CUDA part without models. Logs and JSON go to $OUT (the device tool brings them back).
+# .device-wheels when the image lacks it, and gguf for the synthetic model: `pip download --only-binary=:all:
+# --python-version 3.12 -d .device-wheels cffi pycparser gguf==0.17.1 pyyaml tqdm` here, the folder ignored by
+# .git/info/exclude), then runs the CUDA tests that need no model file (kernels, references, conformance, the tiny
+# architectures against transformers) — failing if any skipped for want of a device — and bench_gpu's CUDA part
+# without the GGUF models (the kernels, and a 1 GB synthetic llama written there streaming under a quarter of its
+# bytes). Logs and JSON go to $OUT (the device tool brings them back).
 # The real-model tests and figures (SmolLM2, Gemma-3: larger than what a call may carry) are `make check-cuda` on a
 # machine that has the models.
 set -uo pipefail
@@ -19,6 +21,7 @@ export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/tests/loader
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   $PY -c "import cffi" 2>/dev/null || $PY -m pip install -q --no-index --find-links .device-wheels cffi pycparser
+  $PY -c "import gguf" 2>/dev/null || $PY -m pip install -q --no-index --find-links .device-wheels gguf
   $PY packages/uaii-kernels/build_kernels.py
 } 2>&1 | tee "$OUT/setup.log"
 # the host-model variants ([host], [compiled]) run in CI: device minutes go to the device's

@@ -88,3 +88,23 @@ def test_a_quick_gemv_run_on_the_adapter_here(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "adapter: webgpu:" in out and "buffer copy" in out and "GB/s" in out
     assert code == 0, out
+
+
+def test_the_streaming_row_on_the_host_model_of_a_cuda_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """streaming_row (make bench-gpu's streaming figure, on SmolLM2 or the synthetic llama) on a small synthetic
+    llama, cuda on the host model of a device: resident and streamed decode rates, the streamed bytes of a step
+    (the device residency's) and their rate against the page-locked copy the caller measured."""
+    pytest.importorskip("gguf")
+    synth = load_script("bench/synth_gguf.py", "synth_gguf_for_bench_gpu")
+    from uaii.backends import registry
+    from uaii.backends.cuda.backend import CudaBackend
+    from uaii.backends.cuda.host import HostDevice
+
+    monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=HostDevice(kernels="compiled")))
+    path = synth.write_llama_gguf(tmp_path / "tiny.gguf", n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                  vocab=1024)
+    budget = 1_500_000  # above the smallest plan (staging, arena, a 256-token KV cache), below the weights' bytes
+    row = bench.streaming_row(path, "tiny", 10.0, True, budget)
+    assert row["model"] == "tiny" and row["budget_bytes"] == budget
+    assert row["resident_tok_s"] > 0 and row["streamed_tok_s"] > 0 and row["streamed_bytes"] > 0
+    assert row["x_h2d"] == pytest.approx(row["effective_h2d_gb_s"] / 10.0)
