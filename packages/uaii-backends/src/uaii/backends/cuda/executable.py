@@ -50,6 +50,7 @@ from uaii.backends.base import (
     weight_key,
 )
 from uaii.backends.cuda.expert_cache import DeviceExpertCache, bank_slots
+from uaii.backends.cuda.geometry import count
 from uaii.backends.cuda.kv_state import CudaKVState
 from uaii.backends.kv_book import KVBatch
 from uaii.backends.webgpu.arena import lay_out, uncovered
@@ -226,7 +227,7 @@ class CudaExecutable:
         shape = tuple(int(d) for d in t.shape)
         shape = shape[::-1] if form == "packed_t" else shape
         rows = shape[0] if len(shape) > 1 else 1
-        per = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else int(np.prod(shape, dtype=np.int64))
+        per = count(shape[1:]) if len(shape) > 1 else count(shape)
         row_bytes = t.dtype.nbytes(per) if form == "packed" else 4 * per
         step = max(1, self.chunk_bytes // row_bytes) if self.chunk_bytes else rows
         return [Piece(name, form, a, min(rows, a + step), (min(rows, a + step) - a) * row_bytes)
@@ -310,7 +311,7 @@ class CudaExecutable:
         except BaseException:  # what the lowering allocated goes as a finished binding's would
             self._free_binding(Binding([], [], [], 0, batched, [], b.owned, b.tables, b.pinned_tables))
             raise
-        feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, _count(types[n].shape)))
+        feeds = [(n, addr[n], self._tmap[n].dtype, device_nbytes(self._tmap[n].dtype, count(types[n].shape)))
                  for n in self.input_names]
         outputs = [(n, addr[n], types[n].dtype, types[n].shape) for n in self.output_names]
         if self.expert_caches is None and self._banks:
@@ -322,7 +323,7 @@ class CudaExecutable:
             self._ensure_slots(max(p.nbytes for p in b.pieces))
             self._lock([p for p in b.pieces if p.name in self.lockable and p.form != "gather"])
         io = sum(-(-n // 8) * 8 for *_, n in feeds) + sum(
-            -(-device_nbytes(d, _count(s)) // 8) * 8 for _, _, d, s in outputs)
+            -(-device_nbytes(d, count(s)) // 8) * 8 for _, _, d, s in outputs)
         binding.pinned_io = self.dev.alloc_host(max(io, 8))
         return binding
 
@@ -421,7 +422,7 @@ class CudaExecutable:
             self._feeds = {}
         outs = []
         for name, ptr, dtype, shape in binding.outputs:
-            n = device_nbytes(dtype, _count(shape))
+            n = device_nbytes(dtype, count(shape))
             view = io[at:at + n]
             if n:
                 self.dev.copy_dtoh(view, ptr, self.stream)
@@ -647,7 +648,3 @@ def _bits(value: np.ndarray) -> np.ndarray:
     if a.dtype != np.uint32:
         raise BackendError(f"packed words must be fed as uint32, found {a.dtype}")
     return np.ascontiguousarray(a, "<u4").reshape(-1).view(np.uint8)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64))

@@ -7,6 +7,8 @@ tested on any machine (every row covered once, limits held), where the kernels t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from uaii.backends.base import BackendError
@@ -49,6 +51,11 @@ class Launch:
     @property
     def threads(self) -> int:
         return self.grid[0] * self.grid[1] * self.grid[2] * self.block[0] * self.block[1] * self.block[2]
+
+
+def count(shape: Sequence[int]) -> int:
+    """Values in a tensor of ``shape`` (1 for a scalar's empty shape)."""
+    return math.prod(int(d) for d in shape)
 
 
 def _blocks(items: int, per: int) -> int:
@@ -124,5 +131,5 @@ def mmq_tiles(launch: Launch, n: int, m: int) -> list[tuple[int, int, int, int]]
             for bx in range(launch.grid[0]) for by in range(launch.grid[1])]
 
 
-__all__ = ["Launch", "attention", "elementwise", "gemv", "gemv_pairs", "gemv_splits", "mmq", "mmq_tiles", "norm",
-           "packed_gemv", "pair_chunks"]
+__all__ = ["Launch", "attention", "count", "elementwise", "gemv", "gemv_pairs", "gemv_splits", "mmq", "mmq_tiles",
+           "norm", "packed_gemv", "pair_chunks"]

@@ -48,10 +48,6 @@ OPS = frozenset({"Embedding", "RMSNorm", "AddRMSNorm", "LayerNorm", "MatMul", "G
 """The ops the CUDA executable lowers (Capabilities.ops)."""
 
 
-def _count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64))
-
-
 def _broadcast_run(b: tuple[int, ...], out: tuple[int, ...]) -> tuple[int | None, int]:
     """(nb, inner) when ``b`` broadcast to ``out`` (right-aligned) is one run of ``out``'s dims with ones around it
     — b's values repeat every ``inner`` elements, ``nb`` of them cycling — else (None, 0)."""
@@ -67,7 +63,7 @@ def _broadcast_run(b: tuple[int, ...], out: tuple[int, ...]) -> tuple[int | None
     lo, hi = live[0], live[-1]
     if any(full[i] == 1 and out[i] != 1 for i in range(lo, hi + 1)):
         return None, 0
-    return _count(out[lo:hi + 1]), _count(out[hi + 1:])
+    return geometry.count(out[lo:hi + 1]), geometry.count(out[hi + 1:])
 
 
 def _on_rows(launch: Callable[[int, int, int], None], piece: Piece) -> Callable[[int], None]:
@@ -145,8 +141,8 @@ class Binder:
     def floats(self, *names: str) -> None:
         """Refuse integer values: the kernels compute in f32 (an i32 through them would be garbage)."""
         for n in names:
-            dt = self.types[n].dtype if n in self.types else self.exe.tensor(n).dtype
-            if not (dt.is_float or dt.is_quantized):
+            dt = lower_ew.dtype_of(self, n)
+            if lower_ew.is_int(dt):
                 raise self.fail(f"{n!r} is {dt.value}: the cuda kernels compute on floats")
 
     # --- dispatch --------------------------------------------------------------------------------------------
@@ -172,7 +168,7 @@ class Binder:
             if src in self.exe.streamed:
                 raise self.fail(f"a Reshape/Identity of the streamed weight {src!r}")
             form = "packed" if t.dtype.is_quantized and self.types[dst].dtype.is_quantized else "f32"
-            nbytes = self.nbytes(dst) if form == "packed" else 4 * _count(self.types[dst].shape)
+            nbytes = self.nbytes(dst) if form == "packed" else 4 * geometry.count(self.types[dst].shape)
             self.copy(self.a(dst), self.exe.weight(src, form), nbytes)
             return
         if self.a(src) != self.a(dst):
@@ -180,7 +176,7 @@ class Binder:
 
     def nbytes(self, name: str) -> int:
         t = self.types[name]
-        return 4 * _count(t.shape) if not t.dtype.is_quantized else t.dtype.nbytes(_count(t.shape))
+        return 4 * geometry.count(t.shape) if not t.dtype.is_quantized else t.dtype.nbytes(geometry.count(t.shape))
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         dev, stream = self.dev, self.exe.stream
@@ -199,7 +195,7 @@ class Binder:
                             f"{', '.join(d.value for d in TYPES)} rows of whole 32-value units)")
         width = int(t.shape[1])
         units, row_bytes = width // 32, t.dtype.nbytes(width)
-        r = _count(self.types[ids].shape)
+        r = geometry.count(self.types[ids].shape)
         if not r:
             return
         kernel, at = f"rows_{TYPES[t.dtype][1]}", geometry.elementwise(r * units)
@@ -223,7 +219,7 @@ class Binder:
     def _norm_args(self, info: NodeInfo, x: str) -> tuple[int, int, float, int]:
         shape = self.types[x].shape
         n = int(shape[-1]) if shape else 1
-        return n, _count(shape) // max(n, 1), float(info.attrs["eps"]), int(bool(info.attrs["add_unit_offset"]))
+        return n, geometry.count(shape) // max(n, 1), float(info.attrs["eps"]), int(bool(info.attrs["add_unit_offset"]))
 
     def op_RMSNorm(self, info: NodeInfo) -> None:
         x, w = info.node.inputs[:2]
@@ -256,7 +252,7 @@ class Binder:
             c_f(eps), c_int(off), stream=stream))
 
     def _norm_weight(self, w: str, n: int) -> None:
-        if not self.is_weight(w) or _count(tuple(int(d) for d in self.exe.tensor(w).shape)) != n:
+        if not self.is_weight(w) or geometry.count(tuple(int(d) for d in self.exe.tensor(w).shape)) != n:
             raise self.fail(f"the norm scale {w!r} must be a weight of {n} values")
 
     def op_MatMul(self, info: NodeInfo) -> None:
@@ -268,38 +264,37 @@ class Binder:
         for w, y in zip(ws, info.node.outputs, strict=True):
             self.matmul(x, w, y, bool(info.attrs.get("transpose_b", False)))
 
-    def gemv_reads(self, w: str, trans_b: bool) -> bool:
-        """Whether the GEMV (and int8 GEMM) read weight ``w`` of this product: a 2-D weight of a decoded type stored
-        [N, K] (transpose_b), or [K, N] of a plain type (transposed once on upload), K whole 32-value units."""
+    def gemv_shape(self, w: str, trans_b: bool) -> tuple[int, int] | None:
+        """Weight ``w`` as the GEMV (and int8 GEMM) read it, [N, K] — a 2-D weight of a decoded type stored [N, K]
+        (transpose_b), or [K, N] of a plain type (transposed once on upload), K whole 32-value units — or None when
+        they do not read it."""
         if not self.is_weight(w):
-            return False
+            return None
         t = self.exe.tensor(w)
-        kn = not trans_b
         shape = tuple(int(d) for d in t.shape)
-        shape = shape[::-1] if kn else shape
-        return len(shape) == 2 and t.dtype in TYPES and not (kn and t.dtype.is_quantized) and shape[1] % 32 == 0
+        shape = shape if trans_b else shape[::-1]
+        ok = len(shape) == 2 and t.dtype in TYPES and (trans_b or not t.dtype.is_quantized) and shape[1] % 32 == 0
+        return (shape[0], shape[1]) if ok else None
 
     def matmul(self, x: str, w: str, y: str, trans_b: bool) -> None:
         """y[m, :] = x[m, :] . W[n, :] for every row m: GEMV launches of up to 8 rows, or the int8 GEMM beyond 8
         rows on the block types; over each streamed piece, the piece's output columns. A product the GEMV does not
         read (an activation as B, a plain weight of any K) is ew.cu's general f32 product."""
-        kn = not trans_b
-        if not self.gemv_reads(w, trans_b):
+        shape = self.gemv_shape(w, trans_b)
+        if shape is None:
             if self.is_weight(w) and self.exe.tensor(w).dtype.is_quantized:
                 t = self.exe.tensor(w)
-                raise self.fail(f"weight {w!r} is {t.dtype.value} {tuple(t.shape)} (transpose_b={not kn}): the "
+                raise self.fail(f"weight {w!r} is {t.dtype.value} {tuple(t.shape)} (transpose_b={trans_b}): the "
                                 "kernels read block-quantized weights stored [N, K] of whole 32-value units")
-            return lower_ew.general_matmul(self, x, w, y, trans_b=not kn)
+            return lower_ew.general_matmul(self, x, w, y, trans_b=trans_b)
         t = self.exe.tensor(w)
-        shape = tuple(int(d) for d in t.shape)
-        shape = shape[::-1] if kn else shape
-        form = "packed_t" if kn else "packed"
+        form = "packed" if trans_b else "packed_t"
         n, k = shape
         self.floats(x, y)
         xt = self.types[x]
         if int(xt.shape[-1]) != k:
             raise self.fail(f"x has {xt.shape[-1]} features, weight {w!r} {k}")
-        m = _count(xt.shape) // k
+        m = geometry.count(xt.shape) // k
         if not m:
             return
         px, py, row_bytes, sfx = self.a(x), self.a(y), t.dtype.nbytes(k), TYPES[t.dtype][1]
@@ -336,9 +331,9 @@ class Binder:
         shape = self.types[x].shape
         heads, d = int(shape[-2]), int(shape[-1])
         rot = int(attrs["rotary_dims"]) or d
-        rows = _count(shape) // max(heads * d, 1)
-        if _count(self.types[pos].shape) != rows:
-            raise self.fail(f"{_count(self.types[pos].shape)} positions for {rows} rows")
+        rows = geometry.count(shape) // max(heads * d, 1)
+        if geometry.count(self.types[pos].shape) != rows:
+            raise self.fail(f"{geometry.count(self.types[pos].shape)} positions for {rows} rows")
         ff = None
         if len(node.inputs) > 2 and node.inputs[2]:
             ff = self.exe.host_f32(node.inputs[2])
@@ -347,7 +342,7 @@ class Binder:
         if not rows:
             return
         if px != py:
-            self.copy(py, px, 4 * _count(shape))
+            self.copy(py, px, 4 * geometry.count(shape))
         self.launch("ops", "rope", geometry.elementwise(rows * heads * (rot // 2)), c_p(py), c_p(self.a(pos)),
                     c_p(inv), c_int(rows), c_int(heads), c_int(d), c_int(rot), c_int(int(attrs["mode"] == "neox")),
                     c_f(float(attrs["attn_factor"])))
@@ -447,18 +442,18 @@ class Binder:
         shape = self.types[q].shape
         batch, t, hq = shape[:-3], int(shape[-3]), int(shape[-2])
         s = int(self.types[k].shape[-3]) + (int(self.types[past_k].shape[-3]) if past_k else 0)
-        rows = _count(batch) * t
+        rows = geometry.count(batch) * t
         if not rows:
             return
         at = table_layout(rows, 1)
         host = np.zeros(at["size"], np.uint8)
-        element = np.repeat(np.arange(_count(batch)), t)  # each row's batch element
+        element = np.repeat(np.arange(geometry.count(batch)), t)  # each row's batch element
         host[at["k"]:at["v"]].view(np.uint64)[:] = self._batch_addresses(keys, k, batch, s)[element]
         host[at["v"]:at["used"]].view(np.uint64)[:] = self._batch_addresses(values, v, batch, s)[element]
         host[at["used"]:at["kpos"]].view(np.int64)[:] = s
         kpos, qpos = self._query_positions(t, s, bool(attrs["causal"]))
-        host[at["kpos"]:at["qpos"]].view(np.uint64)[:] = np.tile(kpos, _count(batch))
-        host[at["qpos"]:at["f16"]].view(np.int32)[:] = np.tile(qpos, _count(batch))
+        host[at["kpos"]:at["qpos"]].view(np.uint64)[:] = np.tile(kpos, geometry.count(batch))
+        host[at["qpos"]:at["f16"]].view(np.int32)[:] = np.tile(qpos, geometry.count(batch))
         tables = self.dev.upload(host)
         self.owned.append(tables)
         mask = self._attention_mask(info, (*batch, hq, t, s))
@@ -470,7 +465,7 @@ class Binder:
         present output when there is one)."""
         present = [*info.node.outputs, "", ""][slot]
         shape = self.types[new].shape
-        outer, t, width = _count(shape[:-3]), int(shape[-3]), _count(shape[-2:])
+        outer, t, width = geometry.count(shape[:-3]), int(shape[-3]), geometry.count(shape[-2:])
         p = int(self.types[past].shape[-3]) if past else 0
         if not p:
             if present:
@@ -498,10 +493,10 @@ class Binder:
         element of q reads: ``new``'s batch dims broadcast to q's ``batch``, flattened."""
         shape = self.types[new].shape
         try:
-            element = np.broadcast_to(np.arange(_count(shape[:-3]), dtype=np.int64).reshape(shape[:-3]), batch)
+            element = np.broadcast_to(np.arange(geometry.count(shape[:-3]), dtype=np.int64).reshape(shape[:-3]), batch)
         except ValueError:
             raise self.fail(f"{new!r} {shape}: its batch dims do not broadcast to q's {batch}") from None
-        return (base + 4 * s * _count(shape[-2:]) * element.reshape(-1)).astype(np.uint64)
+        return (base + 4 * s * geometry.count(shape[-2:]) * element.reshape(-1)).astype(np.uint64)
 
     def _query_positions(self, t: int, s: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
         """For each query i (at position p = s - t + i) the address of its keys' positions and its own position, as
@@ -525,15 +520,11 @@ class Binder:
         m = [*info.node.inputs, "", "", ""][5]
         if not m:
             return None
-        if self.is_weight(m):
-            tensor = self.exe.tensor(m)
-            dtype, shape, ptr = tensor.dtype, tuple(int(d) for d in tensor.shape), self.exe.weight(m, "f32")
-        else:
-            dtype, shape, ptr = self.types[m].dtype, self.types[m].shape, self.a(m)
+        dtype, shape, ptr = lower_ew.dtype_of(self, m), lower_ew.shape_of(self, m), lower_ew.operand(self, m)
         if dtype is not DType.BOOL and not dtype.is_float:
             raise self.fail(f"mask {m!r} is {dtype.value}: attn_mask reads a bool keep-mask or a float additive mask")
         try:
-            index = np.broadcast_to(np.arange(_count(shape), dtype=np.int64).reshape(shape), full)
+            index = np.broadcast_to(np.arange(geometry.count(shape), dtype=np.int64).reshape(shape), full)
         except ValueError:
             raise self.fail(f"mask {shape} does not broadcast to [..., heads, seq, keys] = {full}") from None
         offsets = self.dev.upload(np.ascontiguousarray(index[..., 0, :, 0]).reshape(-1))
@@ -552,7 +543,7 @@ class Binder:
         ins = [i for i in info.node.inputs if i]
         y = info.node.outputs[0]
         self.floats(*ins, y)
-        count = _count(self.types[y].shape)
+        count = geometry.count(self.types[y].shape)
         ff = int(self.types[y].shape[-1])
         if len(ins) == 1:
             pg, pu, ld = self.a(ins[0]), self.a(ins[0]) + 4 * ff, 2 * ff
@@ -581,8 +572,7 @@ class Binder:
         a, b = info.node.inputs[:2]
         y = info.node.outputs[0]
         out = self.types[y].shape
-        shape = {n: (self.types[n].shape if n in self.types else tuple(int(d) for d in self.exe.tensor(n).shape))
-                 for n in (a, b)}
+        shape = {n: lower_ew.shape_of(self, n) for n in (a, b)}
         if shape[a] != out:
             a, b = b, a
         nb, inner = _broadcast_run(shape[b], out)
@@ -590,7 +580,7 @@ class Binder:
         if shape[a] != out or self.is_weight(a) or nb is None or any(lower_ew.is_int(d) for d in dts) or \
                 self.types[y].dtype in ROUND:
             return lower_ew.binary(self, info)  # any broadcast, integers, a rounded result: ew.cu's N-d kernels
-        count = _count(out)
+        count = geometry.count(out)
         if not count:
             return
         pb = self.exe.weight(b, "f32") if self.is_weight(b) else self.a(b)
@@ -608,7 +598,7 @@ class Binder:
         if lower_ew.is_int(lower_ew.dtype_of(self, x)):
             return lower_ew.int_unary(self, info)
         self.floats(x, y)
-        count = _count(self.types[y].shape)
+        count = geometry.count(self.types[y].shape)
         if count:
             self.launch("ops", "unary", geometry.elementwise(count), c_p(self.a(x)), c_ll(count), c_p(self.a(y)),
                         c_int(op), c_f(param), c_int(ROUND.get(self.types[y].dtype, 0)))
@@ -626,8 +616,8 @@ class Binder:
         self.floats(x, y)
         shape = self.types[x].shape
         first = int(info.attrs.get("axis", -1)) % max(len(shape), 1)
-        n = _count(shape[first:])  # the normalized dims axis .. last are one row of n values
-        rows, eps = _count(shape) // max(n, 1), float(info.attrs["eps"])
+        n = geometry.count(shape[first:])  # the normalized dims axis .. last are one row of n values
+        rows, eps = geometry.count(shape) // max(n, 1), float(info.attrs["eps"])
         self._norm_weight(w, n)
         if b:
             self._norm_weight(b, n)
@@ -642,7 +632,7 @@ class Binder:
         x = info.node.inputs[0]
         shape = self.types[x].shape
         axis = int(info.attrs.get("axis", 0)) % len(shape)
-        outer, inner = _count(shape[:axis]), _count(shape[axis + 1:])
+        outer, inner = geometry.count(shape[:axis]), geometry.count(shape[axis + 1:])
         at = 0
         for y in info.node.outputs:
             size = int(self.types[y].shape[axis])
@@ -664,7 +654,7 @@ class Binder:
         if k > 16 or str(attrs.get("scoring", "softmax")) not in ("softmax", "sigmoid"):
             raise self.fail(f"MoERouter top_k {k} (at most 16), scoring {attrs.get('scoring')!r}")
         self.floats(logits)
-        tokens = _count(self.types[logits].shape) // max(e, 1)
+        tokens = geometry.count(self.types[logits].shape) // max(e, 1)
         if tokens:
             self.launch("moe", "moe_route", geometry.elementwise(tokens), c_p(self.a(logits)), c_int(tokens),
                         c_int(e), c_int(k), c_int(int(bool(attrs.get("normalize", True)))),
@@ -720,7 +710,7 @@ class Binder:
         act = str(info.attrs.get("activation", "silu"))
         self.floats(x, weights, y)
         d = int(self.types[x].shape[-1])
-        tokens = _count(self.types[x].shape) // max(d, 1)
+        tokens = geometry.count(self.types[x].shape) // max(d, 1)
         if act not in ("silu", "gelu"):
             raise self.fail(f"{info.node.op} activation {act!r}")
         pairs = tokens * k
@@ -819,18 +809,14 @@ class Binder:
         starts, ends = list(attrs["starts"]), list(attrs["ends"])
         axes = list(attrs.get("axes") or range(len(starts)))
         steps = list(attrs.get("steps") or [1] * len(starts))
-        box = [(0, d) for d in shape]
-        for ax, s, e, st in zip(axes, starts, ends, steps, strict=True):
-            ax %= len(shape)
-            lo, hi, step = slice(s, e, st).indices(shape[ax])
-            if step != 1:
-                return lower_ew.strided_slice(self, x, y, self._slice_box(shape, axes, starts, ends, steps))
-            box[ax] = (lo, max(lo, hi))
+        cuts = self._slice_box(shape, axes, starts, ends, steps)
+        if any(step != 1 for _, _, step in cuts):
+            return lower_ew.strided_slice(self, x, y, cuts)
+        box = [(lo, max(lo, hi)) for lo, hi, _ in cuts]
         # contiguous: after the first cut axis every axis is whole, before it every extent is 1
         cut = next((i for i, (lo, hi) in enumerate(box) if (lo, hi) != (0, shape[i])), len(shape))
         if cut < len(shape) and (any(box[i] != (0, shape[i]) for i in range(cut + 1, len(shape)))
                                  or any(hi - lo != 1 for lo, hi in box[:cut])):
-            return lower_ew.strided_slice(self, x, y, self._slice_box(shape, axes, starts, ends, steps))
-        strides = [_count(shape[i + 1:]) for i in range(len(shape))]
-        first = sum(lo * st for (lo, _), st in zip(box, strides, strict=True))
+            return lower_ew.strided_slice(self, x, y, cuts)
+        first = sum(lo * st for (lo, _), st in zip(box, lower_ew.contiguous(shape), strict=True))
         self.copy(self.a(y), self.a(x) + 4 * first, self.nbytes(y))

@@ -13,7 +13,6 @@ a wrapped value passed on.
 from __future__ import annotations
 
 import ctypes
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ import numpy as np
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.base import BackendError
 from uaii.backends.cuda import geometry
+from uaii.backends.cuda.geometry import count
 from uaii.ir import DType
 
 if TYPE_CHECKING:
@@ -51,10 +51,6 @@ def shape_of(b: Binder, name: str) -> tuple[int, ...]:
 def is_int(dtype: DType) -> bool:
     """Held as i32 words on the device (integers and bools)."""
     return not (dtype.is_float or dtype.is_quantized)
-
-
-def count(shape: Sequence[int]) -> int:
-    return math.prod(int(d) for d in shape)
 
 
 def wide_int(b: Binder, name: str) -> int:
@@ -468,7 +464,7 @@ def gemm(b: Binder, info: NodeInfo) -> None:
     y = info.node.outputs[0]
     at = info.attrs
     alpha, beta, trans_b = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0)), bool(at.get("transB"))
-    if at.get("transA") or not b.gemv_reads(w, trans_b):
+    if at.get("transA") or b.gemv_shape(w, trans_b) is None:
         return general_matmul(b, a, w, y, trans_a=bool(at.get("transA")), trans_b=trans_b, bias=c, alpha=alpha,
                               beta=beta)
     b.matmul(a, w, y, trans_b)
@@ -510,7 +506,7 @@ def matmul_relu(b: Binder, info: NodeInfo) -> None:
     x, w = info.node.inputs[:2]
     y = info.node.outputs[0]
     trans_b = bool(info.attrs.get("transpose_b"))
-    if b.gemv_reads(w, trans_b):
+    if b.gemv_shape(w, trans_b) is not None:
         b.matmul(x, w, y, trans_b)
         n = count(b.types[y].shape)
         if n:

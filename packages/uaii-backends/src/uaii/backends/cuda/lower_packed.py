@@ -21,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.cuda import geometry
 from uaii.backends.cuda.executable import Piece
+from uaii.backends.cuda.geometry import count
 from uaii.backends.cuda.lower_ew import dtype_of, shape_of
 from uaii.backends.cuda.sources import PACKED_MODES
 from uaii.ir import DType
@@ -76,7 +75,7 @@ def _words(b: Binder, name: str) -> int:
 
 def _per_row(b: Binder, name: str, rows: int) -> int:
     """Words of ``name`` per weight row (its [rows * per] values flattened, whatever its declared rank)."""
-    return int(np.prod(shape_of(b, name), dtype=np.int64)) // rows if name else 0
+    return count(shape_of(b, name)) // rows if name else 0
 
 
 def packed(b: Binder, name: str, scales: str, offs: str, *, rows: int, weight_rows: int, k: int, bits: int,
@@ -116,7 +115,7 @@ def _product(b: Binder, p: Packed, x: str, y: str, bias: str, n: int) -> None:
     launches within the grid's y limit), each streamed piece writing its columns of y."""
     b.floats(x, y, *([bias] if bias else []))
     k = p.k
-    m = int(np.prod(shape_of(b, x), dtype=np.int64)) // k
+    m = count(shape_of(b, x)) // k
     if not m:
         return
     px, py, dev, stream = b.a(x), b.a(y), b.dev, b.exe.stream
@@ -165,7 +164,7 @@ def quantized_embedding(b: Binder, info: NodeInfo) -> None:
     dim, vocab = int(a["dim"]), shape_of(b, w)[0]
     p = _mlx(b, info, w, scales, biases, rows=vocab, weight_rows=vocab, k=dim, bits=int(a["bits"]),
              group=int(a["group_size"]))
-    r = int(np.prod(shape_of(b, ids), dtype=np.int64))
+    r = count(shape_of(b, ids))
     if not r:
         return
     pids, py, dev, stream, exe = b.a(ids), b.a(y), b.dev, b.exe.stream, b.exe
@@ -178,7 +177,7 @@ def quantized_embedding(b: Binder, info: NodeInfo) -> None:
     if not (b.is_weight(w) and w in exe.streamed and ids in exe.input_names):
         _read(b, p, rows)
         return
-    row_bytes = exe.tensor(w).dtype.nbytes(int(np.prod(shape_of(b, w)[1:], dtype=np.int64)))
+    row_bytes = exe.tensor(w).dtype.nbytes(count(shape_of(b, w)[1:]))
     piece = len(b.pieces)
     b.pieces.append(Piece(w, "gather", 0, r, r * row_bytes, ids=ids))
     exe.ids_ptr(r)  # sized now; read when the step runs (a later, longer binding may grow it)
@@ -211,7 +210,7 @@ def quantized_moe_experts(b: Binder, info: NodeInfo) -> None:
                            c_int(e0), c_int(e0 + count), c_p(pidx + 4 * s0), c_p(dst + 4 * s0 * rows), c_ll(rows),
                            stream=stream)
         if b.is_weight(p.name) and p.name in b.exe.streamed:
-            expert_bytes = b.exe.tensor(p.name).dtype.nbytes(int(np.prod(shape_of(b, p.name)[1:], dtype=np.int64)))
+            expert_bytes = b.exe.tensor(p.name).dtype.nbytes(count(shape_of(b, p.name)[1:]))
             b.gathered_experts(info, p.name, expert_bytes, pairs, launch)
         else:
             _read(b, p, launch)
