@@ -601,7 +601,7 @@ class Binder:
         count = geometry.count(self.types[y].shape)
         if count:
             self.launch("ops", "unary", geometry.elementwise(count), c_p(self.a(x)), c_ll(count), c_p(self.a(y)),
-                        c_int(op), c_f(param), c_int(ROUND.get(self.types[y].dtype, 0)))
+                        c_int(op), c_f(param), lower_ew.round_arg(self, y))
 
     def op_Gelu(self, info: NodeInfo) -> None:
         approx = str(info.attrs.get("approximate", "none"))

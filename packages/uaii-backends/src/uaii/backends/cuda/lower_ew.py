@@ -65,6 +65,19 @@ def wide_int(b: Binder, name: str) -> int:
     raise b.fail(f"integer arithmetic on {dt.value} (the kernels compute in signed 32-bit words: i32, i64 and bools)")
 
 
+def int_args(b: Binder, name: str, what: str = "") -> tuple[Any, Any, Any]:
+    """The trailing (fault, code, wide) arguments of an integer kernel computing on ``name``'s dtype
+    (:func:`wide_int`): its faults raise naming the node and ``what`` (an i64 result beyond 32 bits by default)."""
+    wide = wide_int(b, name)
+    fault, code = b.fault(what or OVERFLOW)
+    return c_p(fault), c_int(code), c_int(wide)
+
+
+def round_arg(b: Binder, y: str) -> Any:
+    """The ``round`` argument of a kernel writing float value ``y``: its f16 / bf16 width, else 0."""
+    return c_int(ROUND.get(b.types[y].dtype, 0))
+
+
 def signed_words(b: Binder, *names: str) -> None:
     """Refuse reading a u32 value's words as numbers: past 2^31 the signed word is negative (moving or selecting
     them keeps their bits and is fine)."""
@@ -96,11 +109,12 @@ def contiguous(shape: Sequence[int]) -> list[int]:
     return out[::-1]
 
 
-def broadcast(shape: Sequence[int], out: Sequence[int]) -> list[int]:
-    """Strides reading a value of ``shape`` at every index of ``out`` (NumPy broadcasting: right-aligned, 0 where
-    a dim of 1 is repeated)."""
-    full = [1] * (len(out) - len(shape)) + [int(d) for d in shape]
-    st = contiguous(full)
+def broadcast(shape: Sequence[int], out: Sequence[int], strides: Sequence[int] | None = None) -> list[int]:
+    """Strides reading a value of ``shape`` (its own ``strides``, row-major by default) at every index of ``out``
+    (NumPy broadcasting: right-aligned, 0 where a dim of 1 is repeated)."""
+    pad = len(out) - len(shape)
+    st = [0] * pad + list(contiguous(shape) if strides is None else strides)
+    full = [1] * pad + [int(d) for d in shape]
     return [0 if d == 1 and o != 1 else s for d, o, s in zip(full, out, st, strict=True)]
 
 
@@ -151,13 +165,11 @@ def binary(b: Binder, info: NodeInfo) -> None:
             raise b.fail(f"{op} of {dtype_of(b, a).value} values (it takes bools)")
         if op == "Mod" and not info.attrs.get("fmod"):
             raise b.fail("Mod of floats needs fmod=1")
-        return ew_launch(b, "binary_f", n, *args, c_int(BINARY_F[op]), c_int(ROUND.get(b.types[y].dtype, 0)))
+        return ew_launch(b, "binary_f", n, *args, c_int(BINARY_F[op]), round_arg(b, y))
     if op not in BINARY_I:
         raise b.fail(f"{op} of integers")
     code = 7 if op == "Mod" and info.attrs.get("fmod") else BINARY_I[op]
-    wide = wide_int(b, a)
-    fault, tag = b.fault(FAULTS.get(op, OVERFLOW))
-    ew_launch(b, "binary_i", n, *args, c_int(code), c_p(fault), c_int(tag), c_int(wide))
+    ew_launch(b, "binary_i", n, *args, c_int(code), *int_args(b, a, FAULTS.get(op, OVERFLOW)))
 
 
 def int_unary(b: Binder, info: NodeInfo) -> None:
@@ -166,10 +178,7 @@ def int_unary(b: Binder, info: NodeInfo) -> None:
     if op not in INT_UNARY:
         raise b.fail(f"{op} of {dtype_of(b, x).value} values (the kernel computes it on floats)")
     n = count(b.types[y].shape)
-    wide = wide_int(b, x)
-    fault, tag = b.fault(OVERFLOW)
-    ew_launch(b, "unary_i", n, c_p(operand(b, x)), c_ll(n), c_p(b.a(y)), c_int(INT_UNARY[op]), c_p(fault), c_int(tag),
-              c_int(wide))
+    ew_launch(b, "unary_i", n, c_p(operand(b, x)), c_ll(n), c_p(b.a(y)), c_int(INT_UNARY[op]), *int_args(b, x))
 
 
 def softcap(b: Binder, info: NodeInfo) -> None:
@@ -202,7 +211,7 @@ def cast(b: Binder, info: NodeInfo) -> None:
         raise b.fail(f"Cast to {dst.value}")
     if dst.is_float:
         kernel = "cast_i2f" if is_int(src) else "cast_f"
-        return ew_launch(b, kernel, n, px, c_ll(n), py, c_int(ROUND.get(dst, 0)))
+        return ew_launch(b, kernel, n, px, c_ll(n), py, round_arg(b, y))
     to_bool = int(dst is DType.BOOL)
     lo, hi = (0, 1) if to_bool else (int(np.iinfo(dst.numpy).min), int(np.iinfo(dst.numpy).max))
     if is_int(src):
@@ -324,11 +333,9 @@ def range_(b: Binder, info: NodeInfo) -> None:
     n = count(b.types[y].shape)
     args = (c_p(operand(b, start)), c_p(operand(b, delta)), c_p(b.a(y)), c_ll(n))
     if is_int(b.types[y].dtype):
-        wide = wide_int(b, y)
-        fault, tag = b.fault(OVERFLOW)
-        ew_launch(b, "range_i", n, *args, c_p(fault), c_int(tag), c_int(wide))
+        ew_launch(b, "range_i", n, *args, *int_args(b, y))
     else:
-        ew_launch(b, "range_f", n, *args, c_int(ROUND.get(b.types[y].dtype, 0)))
+        ew_launch(b, "range_f", n, *args, round_arg(b, y))
 
 
 # --- reductions ----------------------------------------------------------------------------------------------------
@@ -353,14 +360,12 @@ def reduce(b: Binder, info: NodeInfo) -> None:
     args = (c_p(operand(b, x)), c_p(b.a(y)), c_p(tab), c_int(len(kept)), c_int(len(red)), c_ll(n), c_ll(rn),
             c_int(op))
     if not is_int(dt):
-        return ew_launch(b, "reduce_f", n, *args, c_int(ROUND.get(b.types[y].dtype, 0)))
+        return ew_launch(b, "reduce_f", n, *args, round_arg(b, y))
     if op == 1:
         raise b.fail("ReduceMean of integers")
     if not rn and op >= 2 and dt.numpy.itemsize > 4:
         raise b.fail(f"an empty {info.node.op} of {dt.value} (its identity lies beyond the device's 32 bits)")
-    wide = wide_int(b, x)
-    fault, tag = b.fault(OVERFLOW)
-    ew_launch(b, "reduce_i", n, *args, c_p(fault), c_int(tag), c_int(wide))
+    ew_launch(b, "reduce_i", n, *args, *int_args(b, x))
 
 
 def _axis_view(b: Binder, x: str, axis: int) -> tuple[int, int, int]:
@@ -375,7 +380,7 @@ def softmax(b: Binder, info: NodeInfo) -> None:
     outer, n, inner = _axis_view(b, x, int(info.attrs.get("axis", -1)))
     cols = outer * inner
     ew_launch(b, "softmax_ax", cols if n else 0, c_p(operand(b, x)), c_p(b.a(y)), c_ll(n), c_ll(max(inner, 1)),
-              c_ll(cols), c_int(ROUND.get(b.types[y].dtype, 0)))
+              c_ll(cols), round_arg(b, y))
 
 
 def cumsum(b: Binder, info: NodeInfo) -> None:
@@ -385,11 +390,9 @@ def cumsum(b: Binder, info: NodeInfo) -> None:
     flags = (c_int(int(bool(info.attrs.get("exclusive")))), c_int(int(bool(info.attrs.get("reverse")))))
     args = (c_p(operand(b, x)), c_p(b.a(y)), c_ll(n), c_ll(max(inner, 1)), c_ll(cols), *flags)
     if is_int(dtype_of(b, x)):
-        wide = wide_int(b, x)
-        fault, tag = b.fault(OVERFLOW)
-        ew_launch(b, "cumsum_i", cols, *args, c_p(fault), c_int(tag), c_int(wide))
+        ew_launch(b, "cumsum_i", cols, *args, *int_args(b, x))
     else:
-        ew_launch(b, "cumsum_f", cols, *args, c_int(ROUND.get(b.types[y].dtype, 0)))
+        ew_launch(b, "cumsum_f", cols, *args, round_arg(b, y))
 
 
 def argmax(b: Binder, info: NodeInfo) -> None:
@@ -438,22 +441,13 @@ def general_matmul(b: Binder, a: str, w: str, y: str, *, trans_a: bool = False, 
     am, ak = (ta[-1], ta[-2]) if trans_a else (ta[-2], ta[-1])
     wk, wn = (tw[-1], tw[-2]) if trans_b else (tw[-2], tw[-1])
 
-    def batch_strides(shape: tuple[int, ...]) -> list[int]:
-        full = broadcast(shape[:-2], batch) if len(shape) > 2 else [0] * len(batch)
-        st = contiguous(shape)[:-2]
-        return [0 if f == 0 else s for f, s in zip(full, [0] * (len(batch) - len(st)) + st, strict=True)]
-
-    cm = cn = 0
-    cb = [0] * len(batch)
-    if bias:
-        sc = shape_of(b, bias)
-        bc = broadcast(sc, out)
-        cb, cm, cn = bc[:-2], bc[-2] if len(out) >= 2 else 0, bc[-1]
-    tab = table(b, batch, batch_strides(sa), batch_strides(sw), cb, [am, ak, wk, wn, cm, cn])
+    bc = broadcast(shape_of(b, bias), out) if bias else [0] * len(out)
+    tab = table(b, batch, broadcast(sa[:-2], batch, ta[:-2]), broadcast(sw[:-2], batch, tw[:-2]), bc[:-2],
+                [am, ak, wk, wn, *bc[-2:]])
     total = count(out)
     ew_launch(b, "matmul_f", total, c_p(operand(b, a)), c_p(operand(b, w)), c_p(operand(b, bias) if bias else 0),
               c_p(b.a(y)), c_p(tab), c_int(len(batch)), c_ll(m), c_ll(n), c_ll(k), c_ll(total), c_f(alpha),
-              c_f(beta), c_int(int(relu)), c_int(ROUND.get(b.types[y].dtype, 0)))
+              c_f(beta), c_int(int(relu)), round_arg(b, y))
 
 
 def gemm(b: Binder, info: NodeInfo) -> None:
@@ -487,7 +481,7 @@ def _accumulate(b: Binder, y: str, other: int, strides: list[int], op: int) -> N
     out = tuple(b.types[y].shape)
     tab = table(b, out, contiguous(out), strides)
     ew_launch(b, "binary_f", count(out), c_p(b.a(y)), c_p(other), c_p(b.a(y)), c_p(tab), c_int(len(out)),
-              c_ll(count(out)), c_int(op), c_int(ROUND.get(b.types[y].dtype, 0)))
+              c_ll(count(out)), c_int(op), round_arg(b, y))
 
 
 def _scaled(b: Binder, name: str, scale: float) -> int:
@@ -511,7 +505,7 @@ def matmul_relu(b: Binder, info: NodeInfo) -> None:
         n = count(b.types[y].shape)
         if n:
             b.launch("ops", "unary", geometry.elementwise(n), c_p(b.a(y)), c_ll(n), c_p(b.a(y)), c_int(5), c_f(0.0),
-                     c_int(ROUND.get(b.types[y].dtype, 0)))
+                     round_arg(b, y))
         return
     general_matmul(b, x, w, y, trans_b=trans_b, relu=True)
 
