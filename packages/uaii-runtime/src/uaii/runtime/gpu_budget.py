@@ -118,18 +118,18 @@ def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int
                                f"cannot hold the smallest device plan: {why}; raise --gpu-budget or lower max_batch "
                                "/ max_context") from None
 
+    def streams(w: Any) -> bool:
+        return bool(w.mode == "streamed" or w.ref in host_streamed)
+
     buffers = max(1, staging_buffers)
     storage = plan(buffers)
-    streamed_banks = [w for w in storage.weights if w.ref in banks and (w.mode == "streamed" or w.ref in host_streamed)]
-    if expert_staging and streamed_banks:
+    if expert_staging and any(streams(w) for w in storage.weights if w.ref in banks):
         buffers += 1  # the expert area: one more buffer of a staging buffer's bytes
         storage = plan(buffers)
-        streamed_banks = [w for w in storage.weights
-                          if w.ref in banks and (w.mode == "streamed" or w.ref in host_streamed)]
     resident, streamed = [], []
     resident_bytes = streamed_bytes = 0
     for w in storage.weights:
-        if w.mode == "streamed" or w.ref in host_streamed:
+        if streams(w):
             streamed.append(w.ref)
             streamed_bytes += w.nbytes
         else:
@@ -138,7 +138,8 @@ def plan_residency(graph: Graph, order: Any, *, backend: str, device_memory: int
     staging = storage.staging_bytes if streamed else 0
     used = resident_bytes + staging + arena_bytes + kv_cache_bytes
     # what the budget leaves keeps streamed banks' recent experts on the device (a backend gathering them)
-    cache = min(max(budget_bytes - used, 0), sum(w.nbytes for w in streamed_banks)) if expert_staging else 0
+    banks_bytes = sum(w.nbytes for w in storage.weights if w.ref in banks and streams(w))
+    cache = min(max(budget_bytes - used, 0), banks_bytes) if expert_staging else 0
     return DeviceResidency(backend, device_memory, budget_bytes, tuple(resident), tuple(streamed), resident_bytes,
                            streamed_bytes, staging, arena_bytes, kv_cache_bytes, buffers, cache)
 
