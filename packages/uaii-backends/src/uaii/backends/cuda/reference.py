@@ -68,6 +68,12 @@ def _store(mem: HostMemory, ptr: int, dtype: Any, offsets: np.ndarray, values: n
         mem.array(ptr + lo * np.dtype(dtype).itemsize, dtype, hi - lo + 1)[offsets - lo] = values
 
 
+def _fault(mem: HostMemory, fault: int, code: int, bad: np.ndarray) -> None:
+    """Write the fault ``code`` to the word at ``fault`` where any of ``bad`` holds, as a kernel does."""
+    if np.any(bad):
+        _store(mem, fault, np.int32, np.zeros(1, np.int64), np.array([code], np.int32))
+
+
 def _at(mem: HostMemory, ptr: int, dtype: Any, i: int) -> Any:
     """Element ``i`` of a device array (a Python int or float)."""
     return mem.array(ptr + i * np.dtype(dtype).itemsize, dtype, 1)[0].item()
@@ -170,8 +176,7 @@ def _rows(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
     full, rest = divmod(n, per_row)
     ids = _load(mem, idx, np.int32, np.arange(full + (rest > 0))).astype(np.int64)
     bad = (ids < 0) | (ids >= n_rows)
-    if bad.any():
-        _store(mem, fault, np.int32, np.zeros(1, np.int64), np.array([code], np.int32))
+    _fault(mem, fault, code, bad)
     safe = np.where(bad, 0, ids)
     values = _decode_rows(mem, w, dtype, safe[:full] * row_bytes, per_row)
     values[bad[:full]] = 0.0

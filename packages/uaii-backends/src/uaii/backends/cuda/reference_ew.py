@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from uaii.backends.cuda.reference import F32, F64, Reference, Values, _items, _load, _store
+from uaii.backends.cuda.reference import F32, F64, Reference, Values, _fault, _items, _load, _store
 
 if TYPE_CHECKING:
     from uaii.backends.cuda.geometry import Launch
@@ -50,11 +50,6 @@ def round_to(x: np.ndarray, round_: int) -> np.ndarray:
         r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(U32)
         return np.where(nan, (u | 0x00400000).astype(U32), r).view(F32)
     return x
-
-
-def _fault(mem: HostMemory, fault: int, code: int, bad: np.ndarray) -> None:
-    if np.any(bad):
-        _store(mem, fault, I32, np.zeros(1, I64), np.array([code], I32))
 
 
 _BINARY_F = {0: np.add, 1: np.subtract, 2: np.multiply, 3: np.divide, 4: np.power, 5: np.maximum, 6: np.minimum,

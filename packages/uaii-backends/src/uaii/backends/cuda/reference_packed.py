@@ -23,6 +23,7 @@ from uaii.backends.cuda.reference import (
     Reference,
     Values,
     _chunks,
+    _fault,
     _items,
     _load,
     _need_block,
@@ -167,8 +168,8 @@ def _pk_rows(mem: HostMemory, at: Launch, v: Values) -> None:
     tokens = np.arange(-(-n // units))
     ids = _load(mem, sidx, np.int32, tokens).astype(np.int64)
     bad = (ids < 0) | (ids >= vocab)
+    _fault(mem, fault, code, bad)
     if bad.any():
-        _store(mem, fault, np.int32, np.zeros(1, np.int64), np.array([code], np.int32))
         cut = np.minimum(k, 32 * np.minimum(units, n - tokens[bad] * units))
         zero = (tokens[bad][:, None] * k + np.arange(k))[np.arange(k) < cut[:, None]]
         _store(mem, y, F32, zero, np.zeros(zero.size, F32))
