@@ -88,6 +88,24 @@ UK_DEV float uk_round_to(float x, int round) {
     return x;
 }
 
+/* The activation tile of a warp-per-row GEMV (gemv.cu, packed.cu): the activation rows reach the lanes through
+   shared memory, read from global memory once per block by consecutive threads at consecutive addresses, laid out
+   UK_TILE_PAD floats per unit so the 32 lanes reading value i of their 32 units hit 32 different banks. (Read
+   straight from global memory, lane l's value i of unit l sits 128 bytes from lane l + 1's: 32 transactions for one
+   load instruction.) A step holds UK_TILE_UNITS units, one per lane. */
+#define UK_TILE_UNITS 32
+#define UK_TILE_PAD 33
+#define UK_TILE_FLOATS (UK_TILE_UNITS * UK_TILE_PAD)
+
+/* values [32 u0, 32 u0 + vals) of the m rows of x (ldx apart) into the tile (row r at xs + r UK_TILE_FLOATS), by the
+   block's nt threads, this one tid */
+UK_DEV void uk_tile_rows(float *xs, const float *x, long long ldx, int m, long long u0, int vals, int tid, int nt) {
+    for (int v = tid; v < m * vals; v += nt) {
+        const int r = v / vals, at = v % vals;
+        xs[r * UK_TILE_FLOATS + at / 32 * UK_TILE_PAD + at % 32] = x[r * ldx + 32 * u0 + at];
+    }
+}
+
 /* bytes per block and 32-value units per block of each type */
 UK_DEV int uk_block_bytes(int t) {
     switch (t) {

@@ -7,19 +7,13 @@
  * the warp's partial sums meet in a shuffle tree. M is a template parameter: the M sums of a unit share its decoded values. Names: gemv_<type>_m<M>. */
 #include "decode.cuh"
 
-#define GEMV_STEP 32   /* units per step: each lane of a warp decodes one unit of its row per step */
-#define GEMV_PAD 33    /* floats between units in shared memory: lane l's value i is in bank (l + i) % 32 */
-
-/* The activation rows reach the lanes through shared memory: read from global memory once per block (its warps are
-   GEMV_WARPS weight rows) by consecutive threads at consecutive addresses, laid out GEMV_PAD floats per unit so the
-   32 lanes reading value i of their 32 units hit 32 different banks. Read straight from global memory, lane l's
-   value i of unit l sits 128 bytes from lane l + 1's: 32 transactions for one load instruction. Every thread of the
-   block reaches every barrier (rows past n compute nothing). */
+/* The activation rows come through decode.cuh's shared tile (uk_tile_rows), read once per block (its warps are
+   GEMV_WARPS weight rows). Every thread of the block reaches every barrier (rows past n compute nothing). */
 template <int T, int M>
 __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long row_bytes, int n, int k,
                                           const float *__restrict__ x, long long ldx, float *__restrict__ y,
                                           long long ldy) {
-    __shared__ float xs[M][GEMV_STEP * GEMV_PAD];
+    __shared__ float xs[M][UK_TILE_FLOATS];
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     const bool live = row < n;
@@ -29,18 +23,15 @@ __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.0f;
     float q[32];
-    for (long long u0 = 0; u0 < units; u0 += GEMV_STEP) {
-        const int step = units - u0 < GEMV_STEP ? (int)(units - u0) : GEMV_STEP;
-        for (int v = tid; v < M * 32 * step; v += nt) {
-            const int m = v / (32 * step), at = v % (32 * step);
-            xs[m][at / 32 * GEMV_PAD + at % 32] = x[m * ldx + 32 * u0 + at];
-        }
+    for (long long u0 = 0; u0 < units; u0 += UK_TILE_UNITS) {
+        const int step = units - u0 < UK_TILE_UNITS ? (int)(units - u0) : UK_TILE_UNITS;
+        uk_tile_rows(&xs[0][0], x, ldx, M, u0, 32 * step, tid, nt);
         __syncthreads();
         if (live && threadIdx.x < step) {
             uk_row_unit(T, wr, u0 + threadIdx.x, q);
 #pragma unroll
             for (int m = 0; m < M; m++) {
-                const float *xm = xs[m] + threadIdx.x * GEMV_PAD;
+                const float *xm = xs[m] + threadIdx.x * UK_TILE_PAD;
                 float s = 0.0f;
 #pragma unroll
                 for (int i = 0; i < 32; i++) s += q[i] * xm[i];

@@ -139,16 +139,12 @@ UK_DEV void pk_unit(const pk_layout *L, const uk_u8 *row, long long srow, long l
     }
 }
 
-#define PK_STEP 32 /* units per step of pk_gemv_warp: one per lane */
-#define PK_PAD 33  /* floats between units of the shared activation tile (gemv.cu's GEMV_PAD: no bank conflicts) */
-
 /* y[i * ldy + row] = x[i * ldx, :] . W[row] for the m <= PK_M rows i of x, the weight row this warp owns (blockDim
    (32, rows per block)); scale rows from srow0. Lane l takes units l, l + 32, ...; the activation rows come through
-   a shared tile, read once per block by consecutive threads (as gemv.cu's gemv_rows, which says why); the sums
-   meet in a shuffle tree. Every thread reaches every barrier. */
+   decode.cuh's shared tile (uk_tile_rows); the sums meet in a shuffle tree. Every thread reaches every barrier. */
 UK_DEV void pk_gemv_warp(const pk_layout *L, long long srow0, int n, const float *x, long long ldx, int m, float *y,
                          long long ldy) {
-    __shared__ float pk_xs[PK_M][PK_STEP * PK_PAD];
+    __shared__ float pk_xs[PK_M][UK_TILE_FLOATS];
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     const bool live = row < n;
@@ -158,14 +154,10 @@ UK_DEV void pk_gemv_warp(const pk_layout *L, long long srow0, int n, const float
 #pragma unroll
     for (int i = 0; i < PK_M; i++) acc[i] = 0.0f;
     float q[32];
-    for (long long u0 = 0; u0 < units; u0 += PK_STEP) {
-        const int step = units - u0 < PK_STEP ? (int)(units - u0) : PK_STEP;
+    for (long long u0 = 0; u0 < units; u0 += UK_TILE_UNITS) {
+        const int step = units - u0 < UK_TILE_UNITS ? (int)(units - u0) : UK_TILE_UNITS;
         const long long left = L->k - 32 * u0;
-        const int vals = left < 32 * step ? (int)left : 32 * step;
-        for (int v = tid; v < m * vals; v += nt) {
-            const int i = v / vals, at = v % vals;
-            pk_xs[i][at / 32 * PK_PAD + at % 32] = x[i * ldx + 32 * u0 + at];
-        }
+        uk_tile_rows(&pk_xs[0][0], x, ldx, m, u0, left < 32 * step ? (int)left : 32 * step, tid, nt);
         __syncthreads();
         if (live && threadIdx.x < step) {
             const long long u = u0 + threadIdx.x;
@@ -174,7 +166,7 @@ UK_DEV void pk_gemv_warp(const pk_layout *L, long long srow0, int n, const float
 #pragma unroll
             for (int i = 0; i < PK_M; i++) {
                 if (i >= m) break;
-                const float *xi = pk_xs[i] + threadIdx.x * PK_PAD;
+                const float *xi = pk_xs[i] + threadIdx.x * UK_TILE_PAD;
                 float s = 0.0f;
                 for (int j = 0; j < count; j++) s += q[j] * xi[j];
                 acc[i] += s;
