@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from uaii.backends.cuda.reference import F32, F64, Reference, Values, _fault, _items, _load, _store
+from uaii.ir.reference import bf16_to_f32, f32_to_bf16
 
 if TYPE_CHECKING:
     from uaii.backends.cuda.geometry import Launch
@@ -45,10 +46,7 @@ def round_to(x: np.ndarray, round_: int) -> np.ndarray:
     if round_ == 1:
         return x.astype(np.float16).astype(F32)
     if round_ == 2:
-        u = x.view(U32).astype(np.uint64)
-        nan = (u & 0x7FFFFFFF) > 0x7F800000
-        r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(U32)
-        return np.where(nan, (u | 0x00400000).astype(U32), r).view(F32)
+        return bf16_to_f32(f32_to_bf16(x))
     return x
 
 

@@ -75,13 +75,13 @@ UK_DEV unsigned short uk_f2h(float f) {
 
 UK_DEV float uk_bf2f(uk_u32 h) { return UK_AS_FLOAT(h << 16); }
 
-/* x rounded to f16 (round 1) or bf16 (round 2, to nearest even; NaN stays NaN) and back: an f16 or bf16 value held
-   in an f32 word, as the CPU rounds it */
+/* x rounded to f16 (round 1) or bf16 (round 2, to nearest even; a NaN stays a quiet NaN) and back: an f16 or bf16
+   value held in an f32 word, as the CPU rounds it (uaii.ir's f32_to_bf16) */
 UK_DEV float uk_round_to(float x, int round) {
     if (round == 1) return uk_h2f(uk_f2h(x));
     if (round == 2) {
         uk_u32 u = UK_AS_BITS(x);
-        if ((u & 0x7fffffffu) > 0x7f800000u) return UK_AS_FLOAT(u | 0x00400000u);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return UK_AS_FLOAT((u | 0x00400000u) & 0xffff0000u);
         u += 0x7fffu + ((u >> 16) & 1u);
         return UK_AS_FLOAT(u & 0xffff0000u);
     }

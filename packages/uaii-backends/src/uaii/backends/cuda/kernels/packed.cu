@@ -62,15 +62,6 @@ UK_DEV uk_u32 pk_bits(const uk_u8 *p, int stride, long long len, long long j, in
     return (v >> (bit & 7)) & ((1u << bits) - 1u);
 }
 
-UK_DEV float pk_f16(float v) { return uk_h2f(uk_f2h(v)); }
-
-/* v rounded to bf16 (nearest even; a NaN stays a quiet NaN), as uaii.ir's f32_to_bf16 */
-UK_DEV float pk_bf16(float v) {
-    const uk_u32 b = UK_AS_BITS(v);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return UK_AS_FLOAT((b | 0x400000u) & 0xffff0000u);
-    return UK_AS_FLOAT(((b + 0x7fffu + ((b >> 16) & 1u)) >> 16) << 16);
-}
-
 /* E2M1: sign bit 3, two exponent bits (bias 1), one mantissa bit */
 UK_DEV float pk_e2m1(uk_u32 c) {
     const uk_u32 e = (c >> 1) & 3u, m = c & 1u;
@@ -117,8 +108,8 @@ UK_DEV void pk_group(const pk_layout *L, long long srow, int g, float *s, float 
 UK_DEV float pk_value(int mode, uk_u32 q, float s, float o) {
     switch (mode) {
     case PK_AFFINE_F32: return __fadd_rn(__fmul_rn(s, (float)q), o);
-    case PK_AFFINE_F16: return pk_f16(__fadd_rn(pk_f16(__fmul_rn(s, (float)q)), o));
-    case PK_AFFINE_BF16: return pk_bf16(__fadd_rn(pk_bf16(__fmul_rn(s, (float)q)), o));
+    case PK_AFFINE_F16: return uk_round_to(__fadd_rn(uk_round_to(__fmul_rn(s, (float)q), 1), o), 1);
+    case PK_AFFINE_BF16: return uk_round_to(__fadd_rn(uk_round_to(__fmul_rn(s, (float)q), 2), o), 2);
     case PK_MXFP4: case PK_NVFP4: return __fmul_rn(pk_e2m1(q), s);
     case PK_MXFP8: return __fmul_rn(pk_e4m3(q), s);
     default: return __fmul_rn(__fsub_rn((float)q, o), s); /* the MatMulNBits modes */
