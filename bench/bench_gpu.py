@@ -13,7 +13,9 @@
    (goal >= 0.7 for Q4), the int8 prefill GEMM's TOPS, prefill/decode tok/s of both models on cuda (``uaii bench
    --device cuda``, each in its own process), and SmolLM2 under a 24 MiB device budget and a synthetic llama
    (bench/synth_gguf.py, 1 GB written here; ``--quick`` 0.5 GB) under a quarter of its bytes: the streamed bytes of a
-   decode step per second against the page-locked host -> device copy measured in the same run (goal >= 0.8).
+   decode step per second against the page-locked host -> device copy measured in the same run (goal >= 0.8);
+   and that synthetic llama's decode tok/s with each step replayed as one CUDA graph against every kernel launched
+   from Python (``cuda_graphs=False``), same run, same greedy tokens.
 
 On a software adapter (lavapipe) the numbers only show that everything runs: it is the CPU emulating a GPU.
 
@@ -266,6 +268,11 @@ def measure_cuda(quick: bool, models: bool = True) -> dict[str, Any] | None:
     except Exception as exc:  # gguf not installed, no disk room: that row's error, the rest stands
         out["synthetic_streaming"] = {"error": first_line(exc)}
         print(f"  streaming a synthetic model: not measured ({first_line(exc)})")
+    try:
+        out["graphs"] = graphs_row(synthetic_path(0.5 if quick else 1.0), "synthetic llama", quick)
+    except Exception as exc:
+        out["graphs"] = {"error": first_line(exc)}
+        print(f"  CUDA graphs: not measured ({first_line(exc)})")
     if not models:
         return out
     try:
@@ -284,10 +291,63 @@ def synthetic_streaming(h2d: float, quick: bool, size_gb: float | None = None) -
 
     size = size_gb if size_gb is not None else (0.5 if quick else 1.0)
     params = synth_gguf.model_params("llama", synth_gguf.layers_for("llama", size))
-    path = synth_gguf.default_path("llama", size, params=params)
-    synth_gguf.ensure_synth(path, params)
+    path = synthetic_path(size)
     budget = synth_gguf.model_bytes(params) // 4
     return streaming_row(path, f"synthetic llama {params['n_layers']}L Q4_0 ({size:g} GB)", h2d, quick, budget)
+
+
+def synthetic_path(size_gb: float) -> Path:
+    """The synthetic llama of ``size_gb`` (Llama-3-8B layer shapes, random Q4_0), written once on this machine."""
+    import synth_gguf
+
+    params = synth_gguf.model_params("llama", synth_gguf.layers_for("llama", size_gb))
+    path = synth_gguf.default_path("llama", size_gb, params=params)
+    synth_gguf.ensure_synth(path, params)
+    return Path(path)
+
+
+def graphs_row(path: Path, label: str, quick: bool) -> dict[str, Any]:
+    """Decode steps of ``path``, resident on the device, with the step's kernels replayed as one CUDA graph and
+    launched one by one from Python (``cuda_graphs=False``), in the same run: what the launch overhead costs a
+    token (uaii.backends.cuda.executable's module doc). The greedy tokens of the two must agree."""
+    import time
+
+    import numpy as np
+
+    from uaii.backends import get_backend
+    from uaii.loaders import load_model
+    from uaii.storage import MmapStore
+
+    steps = 16 if quick else 64
+    model = load_model(path)
+    out: dict[str, Any] = {"model": label, "steps": steps}
+    tokens = {}
+    with MmapStore(model.weights) as store:
+        backend = get_backend("cuda")
+        for graphs in (False, True):
+            exe = backend.compile(model.graph, None, store, max_tokens=16, cuda_graphs=graphs)
+            try:
+                state = exe.new_state(steps + 16)
+                prompt = [1, 2, 3, 4, 5]
+                first = state.reserve(len(prompt))
+                logits = exe.run({"tokens": np.array(prompt), "positions": np.arange(first, first + 5)}, state)
+                seq = [int(np.argmax(logits["logits"][-1]))]
+                for i in range(steps + 2):  # the first two: the eager run and the capture
+                    if i == 2:
+                        start = time.perf_counter()
+                    logits = exe.run({"tokens": np.array(seq[-1:]), "positions": np.array([state.reserve(1)])}, state)
+                    seq.append(int(np.argmax(logits["logits"][-1])))
+                out["graph_tok_s" if graphs else "launch_tok_s"] = steps / (time.perf_counter() - start)
+                tokens[graphs] = seq
+                if graphs:
+                    out["graph_launches"] = exe.graph_launches
+            finally:
+                exe.close()
+    out["x_launches"] = out["graph_tok_s"] / out["launch_tok_s"]
+    out["same_tokens"] = tokens[True] == tokens[False]
+    print(f"  CUDA graphs, {label} decode: {out['graph_tok_s']:.1f} tok/s replayed, {out['launch_tok_s']:.1f} tok/s "
+          f"launched kernel by kernel ({out['x_launches']:.2f}x); same tokens: {out['same_tokens']}")
+    return out
 
 
 def streaming_row(path: Path, label: str, h2d: float, quick: bool, budget_bytes: int) -> dict[str, Any]:

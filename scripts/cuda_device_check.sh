@@ -8,9 +8,9 @@
 # .device-wheels when the image lacks it, and gguf for the synthetic model: `pip download --only-binary=:all:
 # --python-version 3.12 -d .device-wheels cffi pycparser gguf==0.17.1 pyyaml tqdm` here, the folder ignored by
 # .git/info/exclude), then runs the CUDA tests that need no model file (kernels, references, conformance, the tiny
-# architectures against transformers) — failing if any skipped for want of a device — and bench_gpu's CUDA part
-# without the GGUF models (the kernels, and a 1 GB synthetic llama written there streaming under a quarter of its
-# bytes). Logs and JSON go to $OUT (the device tool brings them back).
+# architectures against transformers, graph replay on a synthetic llama) — failing if any skipped for want of a
+# device — and bench_gpu's CUDA part without the GGUF models (the kernels, and a 1 GB synthetic llama written there
+# streaming under a quarter of its bytes, and decoding with and without CUDA graphs). Logs and JSON go to $OUT (the device tool brings them back).
 # The real-model tests and figures (SmolLM2, Gemma-3: larger than what a call may carry) are `make check-cuda` on a
 # machine that has the models.
 set -uo pipefail
@@ -28,7 +28,8 @@ export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/tests/loader
 $PY -m pytest -q -rs -p no:cacheprovider -k "not host and not compiled" tests/backends/test_cuda_kernels.py \
   tests/backends/test_cuda_reference.py \
   tests/backends/test_cuda_conformance.py tests/backends/test_cuda_packed.py tests/backends/test_cuda_ew.py \
-  tests/runtime/test_cuda_parity.py 2>&1 | tee "$OUT/tests.log"
+  tests/runtime/test_cuda_parity.py tests/runtime/test_cuda_graphs.py::test_decode_replays_one_graph_per_step \
+  2>&1 | tee "$OUT/tests.log"
 tests=${PIPESTATUS[0]}
 skipped_for_device=$(grep -c "no CUDA device" "$OUT/tests.log" || true)
 $PY bench/bench_gpu.py --cuda-only --no-models --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"

@@ -468,18 +468,28 @@ def test_attn_mask_touches_only_the_live_keys_its_grid_covers(dev: HostDevice) -
 
 
 @pytest.mark.parametrize("f16", [0, 1])
-def test_kv_store_rounds_as_numpy(f16: int, dev: HostDevice, rng: np.random.Generator) -> None:
-    slots, width, rows, slot0, ldx = 10, 24, 3, 4, 40
+@pytest.mark.parametrize("batch", [False, True])
+def test_kv_store_rounds_as_numpy(f16: int, batch: bool, dev: HostDevice, rng: np.random.Generator) -> None:
+    """Each row into its table entry's cache at used - seq_rows + r % seq_rows: a prefill's rows one after another
+    in one cache (seq_rows = rows), a batch's rows one token each in their own caches at their own lengths (seq_rows
+    = 1); f16 rounded as numpy's astype."""
+    slots, width, rows, ldx = 10, 24, 3, 40
     x = (rng.standard_normal((rows, ldx)) * 100).astype(np.float32)
     x[0, :3] = [1e6, -7e4, 3e-8]                                   # overflow and a subnormal half
     dt = np.float16 if f16 else np.float32
-    cache = dev.upload(np.zeros((slots, width), dt))
+    caches = [dev.upload(np.zeros((slots, width), dt)) for _ in range(rows if batch else 1)]
+    table = [caches[r].ptr if batch else caches[0].ptr for r in range(rows)]
+    used = [5, 9, 1] if batch else [7] * rows                     # a prefill of 3 tokens after 4 cached
     dev.launch("attention", "kv_store", geometry.elementwise(rows * width), dev.upload(x), Long(ldx), Int(rows),
-               Int(width), cache, Long(slot0), Int(f16))
-    want = np.zeros((slots, width), dt)
+               Int(width), dev.upload(np.array(table, np.uint64)), dev.upload(np.array(used, np.int64)),
+               dev.upload(np.full(rows, f16, np.int32)), Int(1 if batch else rows))
+    want = [np.zeros((slots, width), dt) for _ in caches]
     with np.errstate(over="ignore"):
-        want[slot0:slot0 + rows] = x[:, :width].astype(dt)
-    assert np.array_equal(dev.download(cache, (slots, width), dt).view(np.uint8), want.view(np.uint8))
+        for r in range(rows):
+            slot = used[r] - 1 if batch else used[r] - rows + r
+            want[r if batch else 0][slot] = x[r, :width].astype(dt)
+    for c, w in zip(caches, want, strict=True):
+        assert np.array_equal(dev.download(c, (slots, width), dt).view(np.uint8), w.view(np.uint8))
 
 
 # --------------------------------------------------------------------------------------------- coverage

@@ -108,3 +108,22 @@ def test_the_streaming_row_on_the_host_model_of_a_cuda_device(tmp_path: Path, mo
     assert row["model"] == "tiny" and row["budget_bytes"] == budget
     assert row["resident_tok_s"] > 0 and row["streamed_tok_s"] > 0 and row["streamed_bytes"] > 0
     assert row["x_h2d"] == pytest.approx(row["effective_h2d_gb_s"] / 10.0)
+
+
+def test_the_graphs_row_on_the_host_model_of_a_cuda_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """graphs_row (make bench-gpu's CUDA graphs figure) on a small synthetic llama, cuda on the host model: both
+    decode rates from the same run, every timed step of the graph run a replay, the same greedy tokens."""
+    pytest.importorskip("gguf")
+    synth = load_script("bench/synth_gguf.py", "synth_gguf_for_bench_gpu")
+    from uaii.backends import registry
+    from uaii.backends.cuda.backend import CudaBackend
+    from uaii.backends.cuda.host import HostDevice
+
+    dev = HostDevice()
+    monkeypatch.setitem(registry._instances, "cuda", CudaBackend(device=dev))
+    path = synth.write_llama_gguf(tmp_path / "tiny.gguf", n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                  vocab=1024)
+    row = bench.graphs_row(path, "tiny", True)
+    assert row["model"] == "tiny" and row["steps"] == 16 and row["same_tokens"] is True
+    assert row["graph_launches"] == 17 == dev.graph_launches  # the capture's run, then every timed step
+    assert row["launch_tok_s"] > 0 and row["x_launches"] == pytest.approx(row["graph_tok_s"] / row["launch_tok_s"])

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +44,15 @@ def talking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import chat_gguf
 
     return chat_gguf.chat_llama(tmp_path_factory.mktemp("talking"))
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Any:
+    """CUDA device 0, opened once per module (skips with "no CUDA device" without one)."""
+    from uaii.backends.cuda.device import first_device
+
+    dev = first_device()
+    if dev is None:
+        pytest.skip("no CUDA device")
+    yield dev
+    dev.close()

@@ -35,18 +35,6 @@ def on_host_model(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> HostDevice:
     return dev
 
 
-@pytest.fixture(scope="module")
-def gpu() -> Any:
-    """CUDA device 0, opened once for the module (skips with "no CUDA device" without one)."""
-    from uaii.backends.cuda.device import first_device
-
-    dev = first_device()
-    if dev is None:
-        pytest.skip("no CUDA device")
-    yield dev
-    dev.close()
-
-
 @pytest.fixture(params=["host", "cuda"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)

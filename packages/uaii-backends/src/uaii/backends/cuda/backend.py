@@ -99,13 +99,16 @@ class CudaBackend(BackendBase):
     def compile(self, graph: Graph, plan: ExecutionPlan | None, weights: WeightSource, *, max_tokens: int = 0,
                 kv_state: bool = True, memory_reuse: bool = True, streamed: Collection[str] = (),
                 prefetch_order: Sequence[str] = (), expert_cache: Any = None, chunk_bytes: int = 0,
-                host_resident: Collection[str] = (), expert_cache_bytes: int = 0, **options: Any) -> Any:
+                host_resident: Collection[str] = (), expert_cache_bytes: int = 0, cuda_graphs: bool = True,
+                **options: Any) -> Any:
         """Resident weights are uploaded on first use at compile time; those in ``streamed`` move through the
         staging slots in pieces of at most ``chunk_bytes`` every run, in step order (``prefetch_order`` adds
         nothing: the steps are the plan's order) — the pieces of those also in ``host_resident`` from page-locked
         host copies made once (the host-pinned tier), the others read from the store into a page-locked staging
         buffer first. The host expert cache does not apply to a device; ``expert_cache_bytes`` of device memory
-        keep streamed banks' recently chosen experts between steps (expert_cache.py)."""
+        keep streamed banks' recently chosen experts between steps (expert_cache.py). ``cuda_graphs``: replay a
+        binding's launches as one CUDA graph once it repeats (executable.py's module doc); False launches each
+        kernel every run."""
         from uaii.backends.cuda.executable import CudaExecutable
 
         self.device_compile_args(options, expert_cache)
@@ -114,7 +117,7 @@ class CudaBackend(BackendBase):
         tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512
         exe = CudaExecutable(graph, node_infos(graph), weights, dev, max_tokens=tokens, kv_state=kv_state,
                              streamed=streamed, chunk_bytes=chunk_bytes, host_resident=host_resident,
-                             expert_cache_bytes=expert_cache_bytes,
+                             expert_cache_bytes=expert_cache_bytes, graphs=cuda_graphs,
                              arena=plan.arena if plan is not None else None)
         try:
             exe.prepare()

@@ -87,6 +87,9 @@ class CudaDevice:
     _pinned: dict[int, int] = field(default_factory=dict)
     _streams: list[Any] = field(default_factory=list)
     _events: list[Any] = field(default_factory=list)
+    _capturing: set[int] = field(default_factory=set)  # streams in graph capture (by handle)
+    _graphs: dict[int, Any] = field(default_factory=dict)  # instantiated graphs not yet destroyed
+    _deferred: list[Any] = field(default_factory=list)  # frees asked for during a capture (a collected KV state)
 
     @classmethod
     def open(cls, index: int = 0) -> CudaDevice:
@@ -133,6 +136,9 @@ class CudaDevice:
         """Free after the queued work (which may still read it) is done: frees are rare (a buffer grows, an
         executable or a state closes), so the synchronization costs nothing that matters."""
         if self._buffers.pop(buf.ptr, None) is not None:
+            if self._capturing:  # synchronizing would break the capture: freed when it ends
+                self._deferred.append(("device", buf.ptr))
+                return
             cu = _driver()
             _ok(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")
             _ok(cu, cu.cuMemFree(buf.ptr), "cuMemFree")
@@ -149,7 +155,9 @@ class CudaDevice:
 
     def free_host(self, array: np.ndarray) -> None:
         ptr = self._pinned.pop(id(array), None)
-        if ptr is not None:
+        if ptr is not None and self._capturing:
+            self._deferred.append(("host", ptr))
+        elif ptr is not None:
             cu = _driver()
             _ok(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")  # a queued copy may still read it
             _ok(cu, cu.cuMemFreeHost(ptr), "cuMemFreeHost")
@@ -213,6 +221,54 @@ class CudaDevice:
         cu = _driver()
         _ok(cu, cu.cuMemcpyDtoDAsync(int(dst), int(src), int(nbytes), _on(stream)), "cuMemcpyDtoDAsync")
 
+    # --- CUDA graphs (the executor replays a binding's launches as one) -----------------------------------------
+    def begin_capture(self, stream: Any) -> None:
+        """Record what is queued on ``stream`` from now on into a graph instead of running it. Thread-local mode:
+        a call of this thread that could synchronize with the capture (an allocation's free, a host wait) fails
+        with an error instead of being recorded wrong."""
+        cu = _driver()
+        _ok(cu, cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "cuStreamBeginCapture")
+        self._capturing.add(int(stream))
+
+    def capturing(self, stream: Any) -> bool:
+        return int(stream) in self._capturing
+
+    def end_capture(self, stream: Any) -> Any:
+        """End the capture and instantiate what it recorded (the graph itself is dropped: the instance is
+        independent of it)."""
+        cu = _driver()
+        self._capturing.discard(int(stream))
+        try:
+            graph = _ok(cu, cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+            try:
+                exe = _ok(cu, cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+            finally:
+                cu.cuGraphDestroy(graph)
+        finally:
+            self._free_deferred()
+        self._graphs[int(exe)] = exe
+        return exe
+
+    def _free_deferred(self) -> None:
+        if not self._deferred or self._capturing:
+            return
+        cu = _driver()
+        _ok(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        while self._deferred:
+            kind, ptr = self._deferred.pop()
+            _ok(cu, cu.cuMemFree(ptr) if kind == "device" else cu.cuMemFreeHost(ptr), f"free of {ptr:#x}")
+
+    def graph_launch(self, graph: Any, stream: Any) -> None:
+        cu = _driver()
+        _ok(cu, cu.cuGraphLaunch(graph, stream), "cuGraphLaunch")
+
+    def graph_destroy(self, graph: Any) -> None:
+        """Destroy an instantiated graph (one still running is freed when it completes)."""
+        if self._graphs.pop(int(graph), None) is not None:
+            cu = _driver()
+            _ok(cu, cu.cuGraphExecDestroy(graph), "cuGraphExecDestroy")
+
     def launch(self, module: str, kernel: str, at: Launch, *args: Any, stream: Any = None) -> None:
         """Queue ``kernel`` with ``args`` on ``stream`` (default: the null stream): DeviceBuffer or
         ``ctypes.c_uint64`` for a pointer, ``c_int``/``c_longlong``/``c_float`` for the scalars, in the kernel's
@@ -235,6 +291,9 @@ class CudaDevice:
             return
         cu = _driver()
         cu.cuCtxSynchronize()
+        for g in self._graphs.values():
+            cu.cuGraphExecDestroy(g)
+        self._graphs.clear()
         for buf in list(self._buffers.values()):
             self.free(buf)
         for ptr in self._pinned.values():

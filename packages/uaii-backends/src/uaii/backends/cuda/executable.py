@@ -7,6 +7,14 @@ liveness, floats as f32 and ints as i32 on the device) and the list of steps, ea
 executor's compute stream. A run writes the feeds, fills the attention tables of its state(s), queues the steps
 and copies the outputs back: one synchronization per run.
 
+CUDA graphs: a binding whose steps are all device work (:func:`device_step`: launches and device copies whose
+arguments are fixed at bind time — what a run changes, the attention tables and the fault word, is written to
+device memory before the steps) is captured into a graph on its second run with the same key (the KV states'
+capacities, which size the attention launches; a few keys per binding) and replayed from then on: one launch call
+per decode step instead of one per kernel, so decode is not bound by Python's launch overhead (hundreds of kernels
+a token). A binding with host work between its launches (streamed pieces, streamed expert banks, a host-gathered
+embedding) runs its steps every time. ``graphs=False`` turns the capture off (the benchmarks compare the two).
+
 Storage-first on the device: a weight named in ``streamed`` is not uploaded. It is cut into *pieces* of whole rows
 (at most ``chunk_bytes``; a matrix's output features) and every run moves its pieces host -> device in the order
 the steps read them, into two device slots on a copy stream: piece ``p + 1`` is copied while the kernels of piece
@@ -65,11 +73,21 @@ ARENA_RULE = "cuda/1"
 ALIGN = 256
 """Offset alignment of the arena's regions (cuMemAlloc aligns to 256; the kernels' vector loads need far less)."""
 MAX_BINDINGS = 16
+MAX_GRAPHS = 4
+"""Graphs kept per binding (one per key: the states' capacities), the least recently used dropped first."""
 STAGING_SLOTS = 2
 """Device slots (and page-locked host buffers) streamed pieces take turns in: one read by kernels, one filling."""
 
 c_int, c_ll, c_f, c_p = ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_uint64
 Step = Callable[["RunContext"], None]
+
+
+def device_step(step: Step) -> Step:
+    """Mark ``step`` as device work only — launches and device-to-device copies on the compute stream, their
+    arguments fixed at bind time (of the run it may read only the states' capacities, a graph's key) — so that a
+    CUDA graph may replay it. Unmarked steps make their binding run eagerly every time."""
+    setattr(step, "device_only", True)  # noqa: B010  (a plain function attribute: no wrapper call per step)
+    return step
 
 
 @dataclass(frozen=True)
@@ -109,6 +127,12 @@ class Binding:
     pinned_io: Any = None
     faults: list[str] = field(default_factory=list)
     bit_feeds: frozenset[str] = frozenset()
+    graphs: dict[Any, Any] = field(default_factory=dict)  # instantiated CUDA graphs of the steps, by run key
+    seen: set[Any] = field(default_factory=set)  # keys run once: the next run with one captures
+
+    @property
+    def graphable(self) -> bool:
+        return bool(self.steps) and all(getattr(s, "device_only", False) for s in self.steps)
 
 
 def table_layout(rows: int, layers: int) -> dict[str, int]:
@@ -128,8 +152,10 @@ class CudaExecutable:
     def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: Any, *,
                  max_tokens: int = 512, kv_state: bool = True, streamed: Collection[str] = (),
                  chunk_bytes: int = 0, arena: ArenaLayout | None = None, host_resident: Collection[str] = (),
-                 expert_cache_bytes: int = 0) -> None:
+                 expert_cache_bytes: int = 0, graphs: bool = True) -> None:
         self.graph = graph
+        self.graphs = bool(graphs)
+        self.graph_launches = 0  # runs that replayed a captured graph (tests and benchmarks read it)
         self.infos = infos
         self.dev = dev
         self.max_tokens = max(int(max_tokens), 1)
@@ -356,6 +382,7 @@ class CudaExecutable:
 
     def _free_binding(self, b: Binding) -> None:
         self.dev.synchronize()
+        self._drop_graphs(b)
         for buf in b.owned:
             self.dev.free(buf)
         if b.tables is not None:
@@ -413,8 +440,7 @@ class CudaExecutable:
         try:
             if binding.pieces:
                 self._stage(binding, 0)
-            for step in binding.steps:
-                step(ctx)
+            self._run_steps(binding, ctx)
         except BaseException:
             self.dev.synchronize()
             raise
@@ -437,6 +463,40 @@ class CudaExecutable:
         if binding.n_new:
             state.advance(binding.n_new)
         return out
+
+    def _run_steps(self, b: Binding, ctx: RunContext) -> None:
+        """Queue the binding's steps: replay its graph for the run's key, capture one on the second run with the
+        key (see the module doc), or run them."""
+        if not (self.graphs and b.graphable):
+            for step in b.steps:
+                step(ctx)
+            return
+        key = tuple(s.capacity for s in ctx.states)
+        graph = b.graphs.pop(key, None)
+        if graph is None and key in b.seen:
+            self.dev.begin_capture(self.stream)
+            try:
+                for step in b.steps:
+                    step(ctx)
+            except BaseException:
+                with contextlib.suppress(BackendError):  # an invalidated capture: the step's error is the one
+                    self.dev.graph_destroy(self.dev.end_capture(self.stream))
+                raise
+            graph = self.dev.end_capture(self.stream)
+            if len(b.graphs) >= MAX_GRAPHS:
+                self.dev.graph_destroy(b.graphs.pop(next(iter(b.graphs))))
+        b.seen.add(key)
+        if graph is None:
+            for step in b.steps:
+                step(ctx)
+            return
+        b.graphs[key] = graph  # most recently used last
+        self.dev.graph_launch(graph, self.stream)
+        self.graph_launches += 1
+
+    def _drop_graphs(self, b: Binding) -> None:
+        while b.graphs:
+            self.dev.graph_destroy(b.graphs.popitem()[1])
 
     def _states(self, state: Any) -> list[CudaKVState]:
         if self.kv is None:
@@ -609,6 +669,11 @@ class CudaExecutable:
     def scores(self, nbytes: int) -> int:
         """The attention scores scratch, grown to ``nbytes`` (freed after the queued work that reads it)."""
         if self._scores is None or self._scores.nbytes < nbytes:
+            if self.dev.capturing(self.stream):  # the binding's last run with this key made it this large
+                raise BackendError(f"[backend] cuda: the attention scratch grows to {nbytes} bytes during a graph "
+                                   "capture")
+            for b in self._bindings.values():  # their graphs read the old scratch
+                self._drop_graphs(b)
             if self._scores is not None:
                 self.dev.free(self._scores)
             self._scores = self.dev.alloc(nbytes)

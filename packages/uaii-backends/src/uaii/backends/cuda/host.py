@@ -21,6 +21,13 @@ compute stream, runs ahead of the kernels), with ``order="behind"`` the earliest
 A missing event wait — a staging slot overwritten before the kernel that reads it ran (ahead), a kernel reading a
 slot before its copy arrived or a page-locked buffer refilled before its copy left (behind) — therefore shows as
 wrong results here.
+
+Graph capture is modelled as strictly: while a stream captures, what is queued on it is recorded (a launch with
+the argument values it was queued with, a copy with its addresses), and a replay queues the record again — so a
+step that changes an argument from run to run but was captured replays the stale value, and the tokens show it.
+Anything that would synchronize with the capture or escape it (a host wait, an allocation, an event, work on
+another stream) is a BackendError naming it; a free (a KV state the garbage collector takes) waits for the end of
+the capture, as on the device.
 """
 
 from __future__ import annotations
@@ -102,6 +109,14 @@ class HostStream:
 
 
 @dataclass
+class HostGraph:
+    """A captured stream's work, replayed by :meth:`HostDevice.graph_launch` until destroyed."""
+
+    items: list[tuple[str, Any]]
+    live: bool = True
+
+
+@dataclass
 class HostEvent:
     """An event: ``queued`` records so far, ``reached`` of them run; a wait holds until the record it was queued
     behind has run."""
@@ -136,9 +151,13 @@ class HostDevice:
         self.closed = False
         self._draining = False
         self._deferred: list[int] = []  # frees asked for while queued work ran
+        self._capture: HostStream | None = None  # the stream in graph capture, if any
+        self._captured: list[tuple[str, Any]] = []
+        self.graph_launches = 0
 
     # --- memory ------------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> DeviceBuffer:
+        self._not_capturing("cuMemAlloc")
         if self.mem.live_bytes + int(nbytes) > self.total_bytes:
             raise BackendError(f"[cuda-host] cuMemAlloc({nbytes}) failed: CUDA_ERROR_OUT_OF_MEMORY "
                                f"({self.mem.live_bytes} of {self.total_bytes} bytes in use)")
@@ -151,7 +170,7 @@ class HostDevice:
         in the middle of a launch's reference), the free waits until the queues are drained: draining again from
         inside would run later work before the launch in progress ends."""
         if self._buffers.pop(buf.ptr, None) is not None:
-            if self._draining:
+            if self._draining or self._capture is not None:  # (a state collected during a capture: as CudaDevice)
                 self._deferred.append(buf.ptr)
                 return
             self.synchronize()
@@ -162,7 +181,8 @@ class HostDevice:
         return np.zeros(max(int(nbytes), 1), np.uint8)
 
     def free_host(self, array: np.ndarray) -> None:
-        self.synchronize()
+        if self._capture is None:
+            self.synchronize()
 
     def upload(self, array: np.ndarray) -> DeviceBuffer:
         a = np.ascontiguousarray(array)
@@ -191,11 +211,13 @@ class HostDevice:
         return stream if stream is not None else self._streams[0]
 
     def record(self, event: HostEvent, stream: HostStream | None = None) -> None:
+        self._not_capturing("cuEventRecord")
         event.queued += 1
         self._on(stream).queue.append(("record", event))
 
     def wait(self, stream: HostStream | None, event: HostEvent) -> None:
         """``stream`` waits for the work before ``event``'s latest record (cuStreamWaitEvent; no record: no wait)."""
+        self._not_capturing("cuStreamWaitEvent")
         if event.queued:
             self._on(stream).queue.append(("wait", (event, event.queued)))
 
@@ -228,10 +250,53 @@ class HostDevice:
             item()
         return True
 
+    def _queue(self, stream: HostStream | None, item: tuple[str, Any]) -> None:
+        s = self._on(stream)
+        if self._capture is None:
+            s.queue.append(item)
+        elif s is self._capture:
+            self._captured.append(item)
+        else:
+            raise BackendError(f"[cuda-host] work queued on stream {s.index} while stream {self._capture.index} "
+                               "captures a graph (it would escape the graph)")
+
+    def _not_capturing(self, what: str) -> None:
+        if self._capture is not None:
+            raise BackendError(f"[cuda-host] {what} while stream {self._capture.index} captures a graph "
+                               "(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)")
+
+    # --- graphs ------------------------------------------------------------------------------------------------
+    def begin_capture(self, stream: HostStream) -> None:
+        self._not_capturing("cuStreamBeginCapture")
+        self._capture, self._captured = stream, []
+
+    def capturing(self, stream: HostStream) -> bool:
+        return self._capture is stream
+
+    def end_capture(self, stream: HostStream) -> HostGraph:
+        if self._capture is not stream:
+            raise BackendError("[cuda-host] cuStreamEndCapture on a stream that is not capturing")
+        graph = HostGraph(self._captured)
+        self._capture, self._captured = None, []
+        if self._deferred:
+            self.synchronize()  # frees asked for during the capture
+        return graph
+
+    def graph_launch(self, graph: HostGraph, stream: HostStream) -> None:
+        if not graph.live:
+            raise BackendError("[cuda-host] cuGraphLaunch of a destroyed graph")
+        self._not_capturing("cuGraphLaunch")
+        self.graph_launches += 1
+        self._on(stream).queue.extend(graph.items)
+
+    def graph_destroy(self, graph: HostGraph) -> None:
+        graph.live = False
+
     def _drain(self, done: Callable[[], bool]) -> None:
         """Run queued work until ``done()``: the first stream in the order's priority that can move runs as far as
         it can, then the priorities are looked at again (see the module doc). Not re-entered: a wait from inside
         queued work (a finalizer's free) is deferred to the end of this drain."""
+        self._not_capturing("a host wait (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize)")
         if self._draining:
             return
         self._draining = True
@@ -262,20 +327,20 @@ class HostDevice:
 
         def run() -> None:
             self.mem.bytes(dst, view.size, "copy_htod")[:] = view
-        self._on(stream).queue.append(("run", run))
+        self._queue(stream, ("run", run))
 
     def copy_dtoh(self, dst: np.ndarray, src: int, stream: HostStream | None = None) -> None:
         view = dst.reshape(-1).view(np.uint8)
 
         def run() -> None:
             view[:] = self.mem.bytes(src, view.size, "copy_dtoh")
-        self._on(stream).queue.append(("run", run))
+        self._queue(stream, ("run", run))
 
     def copy_dtod(self, dst: int, src: int, nbytes: int, stream: HostStream | None = None) -> None:
         def run() -> None:
             data = self.mem.bytes(src, nbytes, "copy_dtod").copy()
             self.mem.bytes(dst, nbytes, "copy_dtod")[:] = data
-        self._on(stream).queue.append(("run", run))
+        self._queue(stream, ("run", run))
 
     def launch(self, module: str, kernel: str, at: Launch, *args: Any, stream: HostStream | None = None) -> None:
         """Queue the CPU reference of ``kernel`` with ``args`` (checked against the kernel's parameter types)."""
@@ -297,7 +362,7 @@ class HostDevice:
                 compiled(at, values)
             else:
                 fn(self.mem, at, values)
-        self._on(stream).queue.append(("run", run))
+        self._queue(stream, ("run", run))
 
     def close(self) -> None:
         if self.closed:
@@ -308,4 +373,4 @@ class HostDevice:
         self.closed = True
 
 
-__all__ = ["HostDevice", "HostEvent", "HostMemory", "HostStream"]
+__all__ = ["HostDevice", "HostEvent", "HostGraph", "HostMemory", "HostStream"]

@@ -23,7 +23,7 @@ import numpy as np
 from uaii.backends.analysis import NodeInfo, VType
 from uaii.backends.base import BackendError
 from uaii.backends.cuda import geometry, lower_ew, lower_packed
-from uaii.backends.cuda.executable import Piece, table_layout
+from uaii.backends.cuda.executable import Piece, device_step, table_layout
 from uaii.backends.cuda.lower_ew import ROUND
 from uaii.backends.cuda.sources import MMQ_TYPES, TYPES
 from uaii.backends.kv_book import rope_frequencies
@@ -121,15 +121,16 @@ class Binder:
 
     def launch(self, module: str, kernel: str, at: geometry.Launch, *args: Any) -> None:
         dev, stream = self.dev, self.exe.stream
-        self.steps.append(lambda ctx: dev.launch(module, kernel, at, *args, stream=stream))
+        self.steps.append(device_step(lambda ctx: dev.launch(module, kernel, at, *args, stream=stream)))
 
     def weight_reader(self, name: str, form: str, rows: int,
                       launch: Callable[[int, int, int], None]) -> None:
         """Steps that call ``launch(address, first row, rows)`` over weight ``name`` in ``form``: once on the
-        resident copy, or per streamed piece on its staging slot."""
+        resident copy, or per streamed piece on its staging slot. ``launch`` queues device work only (a resident
+        weight's step is a :func:`device_step`)."""
         if name not in self.exe.streamed:
             ptr = self.exe.weight(name, form)
-            self.steps.append(lambda ctx: launch(ptr, 0, rows))
+            self.steps.append(device_step(lambda ctx: launch(ptr, 0, rows)))
             return
         for piece in self.exe.pieces_of(name, form):
             self.pieces.append(piece)
@@ -181,7 +182,7 @@ class Binder:
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         dev, stream = self.dev, self.exe.stream
         if nbytes:
-            self.steps.append(lambda ctx: dev.copy_dtod(dst, src, nbytes, stream))
+            self.steps.append(device_step(lambda ctx: dev.copy_dtod(dst, src, nbytes, stream)))
 
     # --- ops -------------------------------------------------------------------------------------------------
     def op_Embedding(self, info: NodeInfo) -> None:
@@ -416,16 +417,16 @@ class Binder:
         tables = int(self.tables.ptr)
         wk, wv = hkv * d, hkv * dv
 
+        seq_rows = 1 if batched else n
+        kv_f16, used = tables + at["f16"], tables + at["used"]
+        stores = [(src, width, tables + at[col] + 8 * layer * n) for src, width, col in ((pk, wk, "k"), (pv, wv, "v"))]
+
         def step(ctx: RunContext) -> None:
-            states = ctx.states
-            for r, s in enumerate(states if batched else states[:1]):
-                rows = 1 if batched else n
-                kc, vc = s.cache_ptrs(layer)
-                for src, width, cache in ((pk + 4 * r * wk, wk, kc), (pv + 4 * r * wv, wv, vc)):
-                    dev.launch("attention", "kv_store", geometry.elementwise(rows * width), c_p(src), c_ll(width),
-                               c_int(rows), c_int(width), c_p(cache), c_ll(s.used), c_int(int(s.f16)), stream=stream)
-            self._launch_attention(info, n, tables, at, layer, max(s.capacity for s in states))
-        self.steps.append(step)
+            for src, width, caches in stores:  # every row's cache, slot and f16 flag come from the tables
+                dev.launch("attention", "kv_store", geometry.elementwise(n * width), c_p(src), c_ll(width), c_int(n),
+                           c_int(width), c_p(caches), c_p(used), c_p(kv_f16), c_int(seq_rows), stream=stream)
+            self._launch_attention(info, n, tables, at, layer, max(s.capacity for s in ctx.states))
+        self.steps.append(device_step(step))
 
     def _attention_over_values(self, info: NodeInfo) -> None:
         """Attention over the node's own keys and values (past ones first, written with the new ones into the
@@ -457,7 +458,7 @@ class Binder:
         tables = self.dev.upload(host)
         self.owned.append(tables)
         mask = self._attention_mask(info, (*batch, hq, t, s))
-        self.steps.append(lambda ctx: self._launch_attention(info, rows, int(tables.ptr), at, 0, s, mask))
+        self.steps.append(device_step(lambda ctx: self._launch_attention(info, rows, int(tables.ptr), at, 0, s, mask)))
 
     def _present(self, info: NodeInfo, slot: int, past: str, new: str) -> int:
         """Address of concat(past, new) along the sequence axis, [..., s, heads, dim]: written into the node's present

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from uaii.backends.analysis import NodeInfo
 from uaii.backends.cuda import geometry
-from uaii.backends.cuda.executable import Piece
+from uaii.backends.cuda.executable import Piece, device_step
 from uaii.backends.cuda.geometry import count
 from uaii.backends.cuda.lower_ew import dtype_of, shape_of
 from uaii.backends.cuda.sources import PACKED_MODES
@@ -107,7 +107,7 @@ def _read(b: Binder, p: Packed, launch: Callable[..., None]) -> None:
         b.weight_reader(p.name, "packed", p.rows, launch)
         return
     pw = b.a(p.name)
-    b.steps.append(lambda ctx: launch(pw, 0, p.rows))
+    b.steps.append(device_step(lambda ctx: launch(pw, 0, p.rows)))
 
 
 def _product(b: Binder, p: Packed, x: str, y: str, bias: str, n: int) -> None:

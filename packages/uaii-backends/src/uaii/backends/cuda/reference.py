@@ -497,11 +497,18 @@ def _attn_wsum(mem: HostMemory, at: Launch, v: Values) -> None:
 
 
 def _kv_store(mem: HostMemory, at: Launch, v: Values) -> None:
-    """cache[slot0 * width + i] = x[i / width, i % width] (rows ldx apart), f16 rounded to nearest even."""
-    x, ldx, rows, width, cache_ptr, slot0, f16 = v
+    """Row r of x (ldx apart) into its table entry's cache at slot used[r] - seq_rows + r % seq_rows (f16 rounded to
+    nearest even where its flag says), ``width`` values per row; the grid's threads cover the first items only."""
+    x, ldx, rows, width, cache, used, kv_f16, seq_rows = v
+    if seq_rows <= 0:
+        raise BackendError(f"[cuda-host] kv_store with seq_rows {seq_rows}: the kernel would divide by zero")
     n = _items(at, rows * width)
     values = _load(mem, x, F32, _offsets(n, width, ldx))
-    _store(mem, cache_ptr, np.float16 if f16 else F32, slot0 * width + np.arange(n), values)
+    for r in range(-(-n // width) if width > 0 else 0):
+        cols = np.arange(min(width, n - r * width))
+        slot = _at(mem, used, np.int64, r) - seq_rows + r % seq_rows
+        dt = np.float16 if _at(mem, kv_f16, np.int32, r) else F32
+        _store(mem, _at(mem, cache, np.uint64, r), dt, slot * width + cols, values[r * width + cols])
 
 
 # --- the table ---------------------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ _FAMILIES = {
     "rms_norm": "pppifi", "add_rms_norm": "pppppifi", "swiglu": "pplilp", "geglu": "pplilpi", "add": "pppl",
     "bcast": "pplllpi", "unary": "plpifi", "copy_rows": "plplii", "layer_norm": "ppppif", "moe_route": "piiiiipp",
     "moe_combine": "ppiiip", "rope": "pppiiiiif", "attn_scores": "ppppppiiiffiipl", "attn_softmax": "pppil",
-    "attn_mask": "pppipllil", "attn_wsum": "ppppiiilp", "kv_store": "pliipli",
+    "attn_mask": "pppipllil", "attn_wsum": "ppppiiilp", "kv_store": "pliipppi",
     "binary_f": "ppppilii", "binary_i": "ppppilipii", "compare_f": "ppppili", "compare_i": "ppppili",
     "unary_i": "plpipii", "where_w": "pppppil", "cast_f": "plpi", "cast_f2i": "plpllipi", "cast_i2f": "plpi",
     "cast_i2i": "plplli", "copy_nd": "plplpil", "gather_w": "pppllllpi", "trilu_w": "pplllli", "fill_w": "ppl",

@@ -8,8 +8,8 @@
  *   attn_wsum    grid (ceil(dv / 128), hq, rows): one thread per output value: sum over keys of p * v.
  * Scores live in a scratch [rows, hq, s_max]. Per-row arguments are device arrays (pointers, lengths, positions):
  * a prefill of n tokens of one sequence is n rows over the same cache, each masked by its own query position.
- * kv_store writes new keys or values into a cache's slots, f32 or f16 (rounded to nearest even, as numpy's
- * astype(float16) and the CPU's f16 cache do). */
+ * kv_store writes new keys or values into the rows' caches at the slots the tables say, f32 or f16 (rounded to
+ * nearest even, as numpy's astype(float16) and the CPU's f16 cache do). */
 #include "decode.cuh"
 
 #define UK_ATTN_BLOCK 256
@@ -118,14 +118,18 @@ extern "C" __global__ void attn_wsum(const float *scores, const void *const *v_c
     out[((long long)row * hq + h) * dv + e] = acc;
 }
 
-/* cache rows slot0 .. slot0 + rows of width values (a [slots, hkv, d] cache: width = hkv * d) = x's rows (ldx apart);
-   one thread per value */
-extern "C" __global__ void kv_store(const float *x, long long ldx, int rows, int width, void *cache, long long slot0,
-                                    int f16) {
+/* The new keys (or values) of every row into its cache: x's rows (ldx apart, width values each: a [slots, hkv, d]
+   cache has width = hkv * d) into row r's table entries — cache[r], f16 flag kv_f16[r] — at slot
+   used[r] - seq_rows + r % seq_rows: a prefill's rows (seq_rows = rows) share one cache and follow each other up to
+   its new length, a batch's rows (seq_rows = 1) are one token each. Everything a run changes is read from the
+   tables, so the launch is the same every step (a CUDA graph replays it). One thread per value. */
+extern "C" __global__ void kv_store(const float *x, long long ldx, int rows, int width, void *const *cache,
+                                    const long long *used, const int *kv_f16, int seq_rows) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)rows * width) return;
-    const long long r = i / width, c = i % width, at = (slot0 + r) * width + c;
+    const long long r = i / width, c = i % width;
+    const long long at = (used[r] - seq_rows + r % seq_rows) * width + c;
     const float v = x[r * ldx + c];
-    if (f16) ((unsigned short *)cache)[at] = uk_f2h(v);
-    else ((float *)cache)[at] = v;
+    if (kv_f16[r]) ((unsigned short *)cache[r])[at] = uk_f2h(v);
+    else ((float *)cache[r])[at] = v;
 }
