@@ -308,6 +308,20 @@ def test_the_type_table_agrees_with_the_ir() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ geometry
+@pytest.mark.parametrize("define,module,constant", [("UK_GEMV_WARPS", "gemv", "GEMV_WARPS"),
+                                                    ("UK_BLOCK", "ops", "NORM_BLOCK"),
+                                                    ("UK_ATTN_BLOCK", "attention", "ATTN_SOFTMAX"),
+                                                    ("MMQ_TILE", "mmq", "MMQ_TILE"), ("MMQ_SIDE", "mmq", "MMQ_SIDE")])
+def test_the_launch_geometry_is_the_sources(define: str, module: str, constant: str) -> None:
+    """A block size the kernels assume (their shared arrays are sized by it) and the one geometry launches with
+    are the same number: a larger block would write past a shared array."""
+    import re
+
+    found = re.search(rf"^#define {define} (\d+)", source(f"{module}.cu"), re.M)
+    assert found is not None, f"{module}.cu defines no {define}"
+    assert int(found.group(1)) == getattr(geometry, constant)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 576, 49152, 151936])
 def test_gemv_launch_covers_every_row_once(rows: int) -> None:
     at = geometry.gemv(rows)

@@ -104,6 +104,27 @@ def test_gemv_of_every_type_against_the_cpu_gemm(dtype: DType, dev: HostDevice, 
         assert all((y[i * ldy + n:(i + 1) * ldy] == SENTINEL).all() for i in range(m - 1))  # the gaps untouched
 
 
+@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q5_1, DType.Q8_0, DType.Q6_K, DType.F16],
+                         ids=lambda t: t.value)
+def test_gemv_reads_rows_at_any_byte_offset(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
+    """gemv.cu stages each warp's stretch of a row as the aligned words holding it: rows starting 1, 2 or 3 bytes
+    past a word (the weight at an odd address, rows of 2 mod 4 bytes), a stretch ending mid-word and a last row
+    ending where its allocation ends give the CPU's products."""
+    n, k = 9, (768 if dtype.block_size == 256 else 1248)     # 3 super-blocks, or 39 units: a partial tile
+    raw = random_weight(dtype, n, k, seed=11)
+    want = K.matmul(x := rng.standard_normal((1, k)).astype(np.float32), K.PackedWeight.from_raw(raw, dtype, (n, k)),
+                    provider="c-f32")
+    dx = dev.upload(x)
+    for offset in (1, 2, 3):
+        buf = np.zeros(offset + raw.nbytes, np.uint8)
+        buf[offset:] = raw.reshape(-1).view(np.uint8)
+        dw, dy = dev.upload(buf), _filled(dev, n)
+        dev.launch("gemv", f"gemv_{TYPES[dtype][1]}_m1", geometry.gemv(n), Ptr(dw.ptr + offset),
+                   Long(dtype.nbytes(k)), Int(n), Int(k), dx, Long(k), dy, Long(n))
+        got = dev.download(dy, (n,), np.float32)
+        np.testing.assert_allclose(got, want[0], rtol=1e-4, atol=1e-5 * float(np.abs(want).max()), err_msg=str(offset))
+
+
 @pytest.mark.parametrize("dtype", list(TYPES), ids=lambda t: t.value)
 def test_dequant_and_rows_are_bit_exact(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
     n_rows, k = 9, 512

@@ -28,7 +28,7 @@ import numpy as np
 
 import uaii.kernels as K
 from uaii.backends.base import BackendError
-from uaii.backends.cuda.geometry import ATTN_SOFTMAX, MMQ_SIDE, MMQ_TILE, NORM_BLOCK, WARP, Launch
+from uaii.backends.cuda.geometry import ATTN_SOFTMAX, GEMV_WARPS, MMQ_SIDE, MMQ_TILE, NORM_BLOCK, WARP, Launch
 from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, TYPES
 from uaii.ir import DType
 from uaii.ir.reference.elementwise import erf_, gelu
@@ -191,7 +191,7 @@ def _rows(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
 def _gemv(dtype: DType, m: int, mem: HostMemory, at: Launch, v: Values) -> None:
     """y[i, row] = x[i] . W[row], as float64 sums of the decoded weight (rows ``< grid.x * block.y``)."""
     w, row_bytes, n, k, x, ldx, y, ldy = v
-    _need_block(at, f"gemv_{TYPES[dtype][1]}_m{m}", WARP)
+    _need_block(at, f"gemv_{TYPES[dtype][1]}_m{m}", WARP, GEMV_WARPS)
     rows, units = max(0, min(n, at.grid[0] * at.block[1])), max(k, 0) // 32
     if rows == 0:
         return
@@ -370,7 +370,7 @@ def _gemv_idx(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
     """For each pair s < grid.y whose expert e = idx[s] is in [e0, e1): y[s, row] = x[s / x_div] . W_{e - e0}[row]
     (rows < grid.x * block.y), float64 sums of the decoded weight."""
     bank, expert_bytes, row_bytes, n, k, x, ldx, x_div, idx, e0, e1, y, ldy = v
-    _need_block(at, f"gemv_idx_{TYPES[dtype][1]}", WARP)
+    _need_block(at, f"gemv_idx_{TYPES[dtype][1]}", WARP, GEMV_WARPS)
     rows, units = max(0, min(n, at.grid[0] * at.block[1])), max(k, 0) // 32
     if rows == 0:
         return

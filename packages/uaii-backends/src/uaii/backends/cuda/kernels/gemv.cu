@@ -1,24 +1,52 @@
 /* gemv.cu — decode products y[m, n] = x[m, :] . W[n, :] for M <= 8 activation rows, W kept in its GGUF encoding and
  * decoded in registers (dequantization fused into the product: the weights are read once, as stored).
  *
- * One warp per weight row (blockDim (32, WARPS)); lane l takes the row's units l, l + 32, ... (a unit is 32
- * values, decode.cuh), so the 32 lanes of a warp read 32 consecutive units of the row — one contiguous stretch of
- * the weight per step — and every activation row's 32 values beside them, staged in shared memory (gemv_rows);
- * the warp's partial sums meet in a shuffle tree. M is a template parameter: the M sums of a unit share its decoded values. Names: gemv_<type>_m<M>. */
+ * One warp per weight row (blockDim (32, UK_GEMV_WARPS)); lane l takes the row's units l, l + 32, ... (a unit is 32
+ * values, decode.cuh). A step of 32 units is one contiguous stretch of the row: the warp copies it into shared
+ * memory as aligned 4-byte words, consecutive lanes reading consecutive words (every load instruction one 128-byte
+ * line), and each lane decodes its unit from there. Why not straight from global memory: a lane's unit is 18 to 64
+ * bytes that the decoders read byte by byte, 32 lanes 18+ bytes apart — each of those byte loads touches five or
+ * more lines, so the L1's line rate, not the memory, would bound the product at a fraction of the bandwidth. f32
+ * rows (128 bytes a unit) would not fit the tile beside 8 activation rows and are read directly.
+ * The activation rows come through decode.cuh's shared tile (uk_tile_rows); the partial sums meet in a shuffle tree.
+ * M is a template parameter: the M sums of a unit share its decoded values. Names: gemv_<type>_m<M>. */
 #include "decode.cuh"
 
-/* The activation rows come through decode.cuh's shared tile (uk_tile_rows), read once per block (its warps are
-   GEMV_WARPS weight rows). Every thread of the block reaches every barrier (rows past n compute nothing). */
+#define UK_GEMV_WARPS 4  /* geometry.GEMV_WARPS: the block is (32, UK_GEMV_WARPS) */
+
+/* bytes of 32 units of a row of type T (32 blocks, or 4 k-quant super-blocks); 0: read directly (f32) */
+template <int T>
+constexpr int gemv_tile_bytes() {
+    return T == UK_F32 ? 0 : T == UK_F16 || T == UK_BF16 ? 2048 : T == UK_Q4_0 ? 576 : T == UK_Q4_1 ? 640
+        : T == UK_Q5_0 ? 704 : T == UK_Q5_1 ? 768 : T == UK_Q8_0 ? 1088 : T == UK_Q4_K ? 576 : T == UK_Q5_K ? 704
+        : 840;                                                /* UK_Q6_K */
+}
+
+/* Bytes [b0, b1) of the row into this warp's words (the aligned words that hold them: the first at `lead` bytes
+   in), read by the warp's 32 lanes together. Each word read holds at least one byte of the stretch, so no read
+   leaves the weight's allocation. */
+__device__ __forceinline__ int gemv_stage(const uk_u8 *__restrict__ row, long long b0, long long b1, uk_u32 *words) {
+    const unsigned long long at = (unsigned long long)(row + b0);
+    const uk_u32 *aligned = (const uk_u32 *)(at & ~3ull);
+    const int lead = (int)(at & 3ull), count = (int)((lead + (b1 - b0) + 3) / 4);
+    for (int i = threadIdx.x; i < count; i += 32) words[i] = aligned[i];
+    return lead;
+}
+
+/* Every thread of the block reaches every barrier (rows past n compute nothing). */
 template <int T, int M>
 __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long row_bytes, int n, int k,
                                           const float *__restrict__ x, long long ldx, float *__restrict__ y,
                                           long long ldy) {
+    constexpr int TILE = gemv_tile_bytes<T>();
     __shared__ float xs[M][UK_TILE_FLOATS];
+    __shared__ uk_u32 ws[UK_GEMV_WARPS][TILE > 0 ? TILE / 4 + 2 : 1];
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     const bool live = row < n;
     const uk_u8 *wr = w + (long long)(live ? row : 0) * row_bytes;
     const long long units = k / 32;
+    const int per = uk_block_units(T), bb = uk_block_bytes(T);
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.0f;
@@ -26,9 +54,15 @@ __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long
     for (long long u0 = 0; u0 < units; u0 += UK_TILE_UNITS) {
         const int step = units - u0 < UK_TILE_UNITS ? (int)(units - u0) : UK_TILE_UNITS;
         uk_tile_rows(&xs[0][0], x, ldx, M, u0, 32 * step, tid, nt);
+        int lead = 0;
+        if (TILE > 0 && live)  /* a k-quant row has whole super-blocks: u0 and step are multiples of per */
+            lead = gemv_stage(wr, u0 / per * bb, (u0 + step) / per * bb, ws[threadIdx.y]);
         __syncthreads();
         if (live && threadIdx.x < step) {
-            uk_row_unit(T, wr, u0 + threadIdx.x, q);
+            if (TILE > 0)
+                uk_unit(T, (const uk_u8 *)ws[threadIdx.y] + lead + threadIdx.x / per * bb, threadIdx.x % per, q);
+            else
+                uk_row_unit(T, wr, u0 + threadIdx.x, q);
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 const float *xm = xs[m] + threadIdx.x * UK_TILE_PAD;
