@@ -311,6 +311,7 @@ def test_the_type_table_agrees_with_the_ir() -> None:
 @pytest.mark.parametrize("define,module,constant", [("UK_GEMV_WARPS", "gemv", "GEMV_WARPS"),
                                                     ("UK_BLOCK", "ops", "NORM_BLOCK"),
                                                     ("UK_ATTN_BLOCK", "attention", "ATTN_SOFTMAX"),
+                                                    ("UK_ATTN_KEYS", "attention", "ATTN_KEYS"),
                                                     ("MMQ_TILE", "mmq", "MMQ_TILE"), ("MMQ_SIDE", "mmq", "MMQ_SIDE")])
 def test_the_launch_geometry_is_the_sources(define: str, module: str, constant: str) -> None:
     """A block size the kernels assume (their shared arrays are sized by it) and the one geometry launches with
@@ -357,9 +358,25 @@ def test_launch_limits_are_refused() -> None:
         geometry.elementwise(10).__class__((0, 1, 1), (1, 1, 1))
     with pytest.raises(BackendError, match="at least one activation row"):
         geometry.gemv_splits(0)
-    scores, softmax, wsum = geometry.attention(4, 32, 4097, 128)
-    assert scores.grid == (33, 32, 4) and softmax.grid == (32, 4, 1) and wsum.grid == (1, 32, 4)
+    at = geometry.attention(4, 32, 4097, 128)
+    assert at.scores.grid == (33, 32, 4) and at.softmax.grid == (32, 4, 1) and at.wsum.grid == (2, 32, 4)
+    assert at.splits == 2 and at.partial_bytes == 4 * 4 * 32 * 2 * 128
     assert geometry.elementwise(1).threads >= 1 and geometry.norm(7).grid == (7, 1, 1)
+
+
+@pytest.mark.parametrize("rows,hq,s_max", [(1, 9, 2048), (1, 9, 10), (1, 32, 100_000), (2, 4, 300), (30, 9, 64)])
+def test_attention_sums_stretches_of_keys_when_there_are_few_heads(rows: int, hq: int, s_max: int) -> None:
+    """A decode step's few (row, head) pairs each sum stretches of keys (no more stretches than s_max / ATTN_STRETCH
+    rounded up, until there are ATTN_BLOCKS blocks), every key in exactly one stretch; many pairs (a prefill) sum
+    all keys in one."""
+    at = geometry.attention(rows, hq, s_max, 64)
+    pairs = rows * hq
+    assert at.wsum.grid == (at.splits, hq, rows) and at.wsum_sum.grid == (1, hq, rows)
+    chunk = -(-s_max // at.splits)
+    assert chunk * at.splits >= s_max > chunk * (at.splits - 1)  # every key in exactly one stretch
+    assert at.splits <= -(-s_max // geometry.ATTN_STRETCH) and pairs * (at.splits - 1) < geometry.ATTN_BLOCKS
+    assert at.partial_bytes == (4 * pairs * at.splits * 64 if at.splits > 1 else 0)
+    assert (at.splits > 1) == (pairs < geometry.ATTN_BLOCKS and s_max > geometry.ATTN_STRETCH)
 
 
 # ---------------------------------------------------------------------------------------------- on a device
@@ -474,13 +491,17 @@ def test_decode_attention_on_the_device(f16: bool, device: Any, rng: np.random.G
     qpos = device.upload(np.array([s - 1 for s in used], np.int32))
     s_max = max(used)
     scores, out = device.alloc(rows * hq * s_max * 4), device.alloc(rows * hq * d * 4)
-    l1, l2, l3 = geometry.attention(rows, hq, s_max, d)
+    at = geometry.attention(rows, hq, s_max, d)
+    assert at.splits > 1  # 3 rows of 8 heads: the sums run over stretches of keys, then add up
+    partial = device.alloc(at.partial_bytes)
     c = ctypes
-    device.launch("attention", "attn_scores", l1, dq, kp, flags, du, qpos, posp, c.c_int(hq), c.c_int(hkv),
+    device.launch("attention", "attn_scores", at.scores, dq, kp, flags, du, qpos, posp, c.c_int(hq), c.c_int(hkv),
                   c.c_int(d), c.c_float(0.125), c.c_float(0.0), c.c_int(16), c.c_int(2), scores, c.c_longlong(s_max))
-    device.launch("attention", "attn_softmax", l2, scores, du, c.c_uint64(0), c.c_int(hq), c.c_longlong(s_max))
-    device.launch("attention", "attn_wsum", l3, scores, vp, flags, du, c.c_int(hq), c.c_int(hkv), c.c_int(d),
-                  c.c_longlong(s_max), out)
+    device.launch("attention", "attn_softmax", at.softmax, scores, du, c.c_uint64(0), c.c_int(hq),
+                  c.c_longlong(s_max))
+    device.launch("attention", "attn_wsum", at.wsum, scores, vp, flags, du, c.c_int(hq), c.c_int(hkv), c.c_int(d),
+                  c.c_longlong(s_max), c.c_int(at.splits), partial)
+    device.launch("attention", "attn_wsum_sum", at.wsum_sum, partial, c.c_int(hq), c.c_int(d), c.c_int(at.splits), out)
     device.synchronize()
     got = device.download(out, (rows, hq, d), np.float32)
     for i, (k, v) in enumerate(caches):

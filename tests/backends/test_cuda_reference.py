@@ -371,17 +371,21 @@ def _attend(dev: HostDevice, q: np.ndarray, caches: list[tuple[np.ndarray, np.nd
     flags = table([int(k.dtype == np.float16) for k, _ in caches], np.int32)
     du, dqp = table(used, np.int64), table(q_pos, np.int32)
     s_max = max(used)
+    at = geometry.attention(rows, hq, s_max, dv)
     scores, out = _filled(dev, rows * hq * s_max), _filled(dev, rows * hq * dv)
-    l1, l2, l3 = geometry.attention(rows, hq, s_max, dv)
-    dev.launch("attention", "attn_scores", l1, dev.upload(q), kp, flags, du, dqp, posp, Int(hq), Int(hkv), Int(d),
-               Flt(scale), Flt(softcap), Int(window), Int(n_sink), scores, Long(s_max))
+    dev.launch("attention", "attn_scores", at.scores, dev.upload(q), kp, flags, du, dqp, posp, Int(hq), Int(hkv),
+               Int(d), Flt(scale), Flt(softcap), Int(window), Int(n_sink), scores, Long(s_max))
     if mask is not None:
         values, additive, row_off, h_stride, key_stride = mask
-        dev.launch("attention", "attn_mask", l1, scores, du, dev.upload(values), Int(additive),
+        dev.launch("attention", "attn_mask", at.scores, scores, du, dev.upload(values), Int(additive),
                    table(row_off, np.int64), Long(h_stride), Long(key_stride), Int(hq), Long(s_max))
-    dev.launch("attention", "attn_softmax", l2, scores, du, dev.upload(sinks) if sinks is not None else NULL, Int(hq),
-               Long(s_max))
-    dev.launch("attention", "attn_wsum", l3, scores, vp, flags, du, Int(hq), Int(hkv), Int(dv), Long(s_max), out)
+    dev.launch("attention", "attn_softmax", at.softmax, scores, du, dev.upload(sinks) if sinks is not None else NULL,
+               Int(hq), Long(s_max))
+    partial = _filled(dev, at.partial_bytes // 4) if at.splits > 1 else out
+    dev.launch("attention", "attn_wsum", at.wsum, scores, vp, flags, du, Int(hq), Int(hkv), Int(dv), Long(s_max),
+               Int(at.splits), partial)
+    if at.splits > 1:
+        dev.launch("attention", "attn_wsum_sum", at.wsum_sum, partial, Int(hq), Int(dv), Int(at.splits), out)
     return dev.download(out, (rows, hq, dv), np.float32)
 
 
@@ -391,7 +395,7 @@ def _cache(rng: np.random.Generator, s: int, hkv: int, d: int, dtype: Any) -> tu
 
 @pytest.mark.parametrize("f16", [False, True])
 def test_decode_attention_with_gqa(f16: bool, dev: HostDevice, rng: np.random.Generator) -> None:
-    hq, hkv, d, used = 8, 2, 32, [37, 5, 20]
+    hq, hkv, d, used = 8, 2, 32, [37, 5, 200]  # 3 rows x 8 heads over 200 slots: the sums in 4 stretches
     caches = [_cache(rng, s, hkv, d, np.float16 if f16 else np.float32) for s in used]
     k_pos = [np.arange(s, dtype=np.int32) for s in used]
     k_pos[2][[3, 11]] = -1                                          # empty slots
@@ -562,9 +566,18 @@ def test_a_grid_too_small_leaves_the_rest_untouched(dev: HostDevice, rng: np.ran
 def test_kernels_refuse_a_block_shape_they_do_not_assume(host: HostDevice) -> None:
     dev = host
     buf = dev.alloc(4096)
-    with pytest.raises(BackendError, match=r"gemv_f32_m1 assumes blocks of \(32, \.\.\.\)"):
-        dev.launch("gemv", "gemv_f32_m1", Launch((1, 1, 1), (16, 4, 1)), buf, Long(128), Int(1), Int(32), buf,
-                   Long(32), buf, Long(1))
+    for block in ((16, 4, 1), (32, 8, 1)):  # a warp per row; the shared tiles hold 4 warps' rows
+        with pytest.raises(BackendError, match=r"gemv_f32_m1 assumes blocks of \(32, 4, 1\)"):
+            dev.launch("gemv", "gemv_f32_m1", Launch((1, 1, 1), block), buf, Long(128), Int(1), Int(32), buf,
+                       Long(32), buf, Long(1))
+            dev.synchronize()
+    with pytest.raises(BackendError, match=r"attn_scores assumes blocks of \(128, \.\.\.\)"):
+        dev.launch("attention", "attn_scores", Launch((1, 1, 1), (256, 1, 1)), buf, buf, buf, buf, buf, buf, Int(1),
+                   Int(1), Int(32), Flt(1.0), Flt(0.0), Int(0), Int(0), buf, Long(8))
+        dev.synchronize()
+    with pytest.raises(BackendError, match=r"attn_wsum assumes blocks of \(128, \.\.\.\)"):
+        dev.launch("attention", "attn_wsum", Launch((1, 1, 1), (64, 1, 1)), buf, buf, buf, buf, Int(1), Int(1),
+                   Int(32), Long(8), Int(1), buf)
         dev.synchronize()
     with pytest.raises(BackendError, match="rms_norm assumes blocks of"):
         dev.launch("ops", "rms_norm", Launch((1, 1, 1), (128, 1, 1)), buf, buf, buf, Int(32), Flt(1e-6), Int(0))

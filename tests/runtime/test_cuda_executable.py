@@ -95,11 +95,11 @@ def test_models_match_the_exact_cpu_path(model: str, kind: str, request: pytest.
     scores and sums...) built by the host compiler and run over each launch's grid."""
     dev = on_device(kind, monkeypatch, request)
     path = request.getfixturevalue(f"{model}_path")
-    with Session(path, device="cuda", plan_cache=False, max_context=64) as s:
+    with Session(path, device="cuda", plan_cache=False, max_context=160) as s:  # the value sums in stretches
         assert s.backend.name == "cuda" and s.plan.arena.rule == "cuda/1"
         prompt = s.tokenize(PROMPT)
         got = logits_of(s, prompt, 3 if model == "gemma3" else 6)
-    assert_close(got, cpu_exact(path, cpu_runs, prompt, len(got[0]), max_context=64))
+    assert_close(got, cpu_exact(path, cpu_runs, prompt, len(got[0]), max_context=160))
     if kind != "cuda":
         assert "gemv_q4_1_m1" in dev.launches or model == "gemma3"
         assert "attn_scores" in dev.launches and "kv_store" in dev.launches

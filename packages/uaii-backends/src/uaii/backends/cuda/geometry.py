@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from uaii.backends.base import BackendError
 from uaii.backends.cuda.sources import GEMV_ROWS
@@ -21,9 +22,11 @@ WARP = 32
 GEMV_WARPS = 4          # gemv.cu's UK_GEMV_WARPS: weight rows per GEMV block (one warp each)
 ELEMENTWISE = 256       # threads per block of the one-thread-per-item kernels
 NORM_BLOCK = 256        # ops.cu's UK_BLOCK: one block per row
-ATTN_KEYS = 128         # attn_scores' keys per block
+ATTN_KEYS = 128         # attention.cu's UK_ATTN_KEYS: attn_scores' keys (and threads) per block
 ATTN_SOFTMAX = 256      # attention.cu's UK_ATTN_BLOCK
-ATTN_VALUES = 128       # attn_wsum's output values per block
+ATTN_VALUES = 128       # attn_wsum's threads (a thread per output value, looping past 128); attn_wsum_sum's per block
+ATTN_BLOCKS = 256       # attn_wsum cuts the keys into stretches until rows x heads x stretches reaches this
+ATTN_STRETCH = 64       # ... but no stretch shorter than this many keys
 MMQ_TILE = 64           # mmq.cu's MMQ_TILE: weight rows and activation rows per block
 MMQ_SIDE = 16           # mmq.cu's MMQ_SIDE: a block is MMQ_SIDE x MMQ_SIDE threads
 PACKED_ROWS = 8         # packed.cu's PK_M: activation rows per block of pk_gemv
@@ -108,13 +111,31 @@ def norm(rows: int) -> Launch:
     return Launch((rows, 1, 1), (NORM_BLOCK, 1, 1))
 
 
-def attention(rows: int, hq: int, s_max: int, dv: int) -> tuple[Launch, Launch, Launch]:
-    """attn_scores, attn_softmax, attn_wsum over ``rows`` sequences of ``hq`` heads, at most ``s_max`` keys."""
+class Attention(NamedTuple):
+    """The launches of attention over ``rows`` sequences of ``hq`` heads and at most ``s_max`` keys: attn_scores
+    (and attn_mask), attn_softmax, attn_wsum over ``splits`` stretches of keys, attn_wsum_sum adding them (only
+    when ``splits`` > 1; its partial sums need ``partial_bytes`` of scratch)."""
+
+    scores: Launch
+    softmax: Launch
+    wsum: Launch
+    wsum_sum: Launch
+    splits: int
+    partial_bytes: int
+
+
+def attention(rows: int, hq: int, s_max: int, dv: int) -> Attention:
+    """The launches of attention (:class:`Attention`); the stretches keep a decode step's few (row, head) pairs
+    from each walking the whole context alone."""
     if rows > MAX_GRID_YZ or hq > MAX_GRID_YZ:
         raise BackendError(f"[cuda] attention over {rows} rows x {hq} heads is past the grid's y/z limit")
-    return (Launch((_blocks(s_max, ATTN_KEYS), hq, rows), (ATTN_KEYS, 1, 1)),
-            Launch((hq, rows, 1), (ATTN_SOFTMAX, 1, 1)),
-            Launch((_blocks(dv, ATTN_VALUES), hq, rows), (min(ATTN_VALUES, max(dv, 1)), 1, 1)))
+    pairs = max(rows * hq, 1)
+    splits = 1 if pairs >= ATTN_BLOCKS else max(1, min(-(-ATTN_BLOCKS // pairs), -(-s_max // ATTN_STRETCH)))
+    return Attention(Launch((_blocks(s_max, ATTN_KEYS), hq, rows), (ATTN_KEYS, 1, 1)),
+                     Launch((hq, rows, 1), (ATTN_SOFTMAX, 1, 1)),
+                     Launch((splits, hq, rows), (ATTN_VALUES, 1, 1)),
+                     Launch((_blocks(dv, ATTN_VALUES), hq, rows), (ATTN_VALUES, 1, 1)),
+                     splits, 4 * rows * hq * splits * dv if splits > 1 else 0)
 
 
 def mmq(n: int, m: int) -> Launch:

@@ -362,12 +362,13 @@ class Binder:
             return self._cached_attention(info)
         self._attention_over_values(info)
 
-    def _launch_attention(self, info: NodeInfo, rows: int, tables: int, at: dict[str, int], layer: int,
+    def _launch_attention(self, info: NodeInfo, rows: int, tables: int, at_t: dict[str, int], layer: int,
                           s_max: int, mask: AttentionMask | None = None) -> None:
-        """The three attention kernels over ``rows`` query rows whose per-row tables are at ``tables`` (laid out as
-        :func:`table_layout` with ``at``; keys and values of table column ``layer``), in chunks of rows whose
+        """The attention kernels over ``rows`` query rows whose per-row tables are at ``tables`` (laid out as
+        :func:`table_layout` with ``at_t``; keys and values of table column ``layer``), in chunks of rows whose
         scores fit SCORES_BYTES (and the grid's y/z limit); with the node's ``mask`` applied to the scores between
-        the first two (attn_mask); queued on the compute stream now (called by a step, or at bind time)."""
+        the first two (attn_mask); the weighted sums over stretches of keys when a chunk has few (row, head) pairs
+        (geometry.attention); queued on the compute stream now (called by a step, or at bind time)."""
         node, attrs = info.node, info.attrs
         q, k, v = node.inputs[:3]
         hq, d = int(self.types[q].shape[-2]), int(self.types[q].shape[-1])
@@ -376,24 +377,31 @@ class Binder:
         window, sinks, softcap = int(attrs["sliding_window"]), int(attrs["sinks"]), float(attrs["softcap"])
         pq, py, dev, stream = self.a(q), self.a(node.outputs[0]), self.dev, self.exe.stream
         chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max), geometry.MAX_GRID_YZ))
-        scores = self.exe.scores(4 * chunk * hq * s_max)
+        partial = max(geometry.attention(c, hq, s_max, dv).partial_bytes for c in {chunk, rows % chunk or chunk})
+        scores_bytes = -(-4 * chunk * hq * s_max // 256) * 256
+        scores = self.exe.scores(scores_bytes + partial)  # the stretches' partial sums after the scores
         for r0 in range(0, rows, chunk):
             rc = min(chunk, rows - r0)
-            at_s, at_m, at_w = geometry.attention(rc, hq, s_max, dv)
-            kcp, vcp = tables + at["k"] + 8 * (layer * rows + r0), tables + at["v"] + 8 * (layer * rows + r0)
-            f16, used = tables + at["f16"] + 4 * r0, tables + at["used"] + 8 * r0
-            qpos, kpos = tables + at["qpos"] + 4 * r0, tables + at["kpos"] + 8 * r0
-            dev.launch("attention", "attn_scores", at_s, c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16), c_p(used),
-                       c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d), c_f(scale), c_f(softcap),
+            at = geometry.attention(rc, hq, s_max, dv)
+            kcp, vcp = tables + at_t["k"] + 8 * (layer * rows + r0), tables + at_t["v"] + 8 * (layer * rows + r0)
+            f16, used = tables + at_t["f16"] + 4 * r0, tables + at_t["used"] + 8 * r0
+            qpos, kpos = tables + at_t["qpos"] + 4 * r0, tables + at_t["kpos"] + 8 * r0
+            dev.launch("attention", "attn_scores", at.scores, c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16),
+                       c_p(used), c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d), c_f(scale), c_f(softcap),
                        c_int(window), c_int(sinks), c_p(scores), c_ll(s_max), stream=stream)
             if mask is not None:
-                dev.launch("attention", "attn_mask", at_s, c_p(scores), c_p(used), c_p(mask.ptr),
+                dev.launch("attention", "attn_mask", at.scores, c_p(scores), c_p(used), c_p(mask.ptr),
                            c_int(int(mask.additive)), c_p(mask.rows + 8 * r0), c_ll(mask.h_stride),
                            c_ll(mask.key_stride), c_int(hq), c_ll(s_max), stream=stream)
-            dev.launch("attention", "attn_softmax", at_m, c_p(scores), c_p(used), c_p(0), c_int(hq), c_ll(s_max),
-                       stream=stream)
-            dev.launch("attention", "attn_wsum", at_w, c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq),
-                       c_int(hkv), c_int(dv), c_ll(s_max), c_p(py + 4 * r0 * hq * dv), stream=stream)
+            dev.launch("attention", "attn_softmax", at.softmax, c_p(scores), c_p(used), c_p(0), c_int(hq),
+                       c_ll(s_max), stream=stream)
+            y = py + 4 * r0 * hq * dv
+            dev.launch("attention", "attn_wsum", at.wsum, c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq),
+                       c_int(hkv), c_int(dv), c_ll(s_max), c_int(at.splits),
+                       c_p(scores + scores_bytes if at.splits > 1 else y), stream=stream)
+            if at.splits > 1:
+                dev.launch("attention", "attn_wsum_sum", at.wsum_sum, c_p(scores + scores_bytes), c_int(hq),
+                           c_int(dv), c_int(at.splits), c_p(y), stream=stream)
 
     def _cached_attention(self, info: NodeInfo) -> None:
         """New keys and values into the run's state(s) at their ``used`` slots (kv_store), then attention over

@@ -28,7 +28,17 @@ import numpy as np
 
 import uaii.kernels as K
 from uaii.backends.base import BackendError
-from uaii.backends.cuda.geometry import ATTN_SOFTMAX, GEMV_WARPS, MMQ_SIDE, MMQ_TILE, NORM_BLOCK, WARP, Launch
+from uaii.backends.cuda.geometry import (
+    ATTN_KEYS,
+    ATTN_SOFTMAX,
+    ATTN_VALUES,
+    GEMV_WARPS,
+    MMQ_SIDE,
+    MMQ_TILE,
+    NORM_BLOCK,
+    WARP,
+    Launch,
+)
 from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, TYPES
 from uaii.ir import DType
 from uaii.ir.reference.elementwise import erf_, gelu
@@ -421,6 +431,7 @@ def _attn_scores(mem: HostMemory, at: Launch, v: Values) -> None:
     """scores[row, h, t] for rows < grid.z, heads < grid.y, keys t < min(used[row], grid.x * block.x): scale q . k
     (soft-capped), -inf where the key is hidden (an empty slot, in the future, out of the window and no sink)."""
     q, k_cache, kv_f16, used, q_pos, k_pos, hq, hkv, d, scale, softcap, window, n_sink, scores, s_max = v
+    _need_block(at, "attn_scores", ATTN_KEYS)
     for row in range(at.grid[2]):
         s = min(_at(mem, used, np.int64, row), at.grid[0] * at.block[0])
         if s <= 0:
@@ -480,19 +491,37 @@ def _attn_softmax(mem: HostMemory, at: Launch, v: Values) -> None:
 
 
 def _attn_wsum(mem: HostMemory, at: Launch, v: Values) -> None:
-    """out[row, h, e] = sum over keys t < used[row] with p != 0 of p[t] v[t, kv head, e], for e < grid.x * block.x."""
-    scores, v_cache, kv_f16, used, hq, hkv, dv, s_max, out = v
-    width = _items(at, dv)
-    if width <= 0:
-        return
+    """For stretch j < grid.x of the keys (ceil(s_max / splits) each): the sum over its keys t < used[row] with
+    p != 0 of p[t] v[t, kv head, e], for e < dv (the block's threads loop over them), written to out[row, h, j, e]
+    (out [rows, hq, splits, dv]: with one stretch, the output itself)."""
+    scores, v_cache, kv_f16, used, hq, hkv, dv, s_max, splits, out = v
+    _need_block(at, "attn_wsum", ATTN_VALUES)
+    if splits <= 0:
+        raise BackendError(f"[cuda-host] attn_wsum over {splits} stretches: the kernel would divide by zero")
+    chunk = -(-s_max // splits)
     for row in range(at.grid[2]):
         s = max(_at(mem, used, np.int64, row), 0)
         for h in range(at.grid[1]):
-            p = _load(mem, scores, F32, (row * hq + h) * s_max + np.arange(s)).astype(F64)
-            keys = np.flatnonzero(p != 0)
-            acc = np.zeros(width)
-            if keys.size:
-                acc = p[keys] @ _cache_rows(mem, v_cache, kv_f16, row, keys, h, hq, hkv, dv)[:, :width]
+            for j in range(at.grid[0]):
+                t0, t1 = j * chunk, min(j * chunk + chunk, s)
+                p = _load(mem, scores, F32, (row * hq + h) * s_max + np.arange(t0, max(t1, t0))).astype(F64)
+                keys = np.flatnonzero(p != 0)
+                acc = np.zeros(max(dv, 0))
+                if keys.size:
+                    acc = p[keys] @ _cache_rows(mem, v_cache, kv_f16, row, keys + t0, h, hq, hkv, dv)
+                _store(mem, out, F32, ((row * hq + h) * splits + j) * dv + np.arange(max(dv, 0)), acc)
+
+
+def _attn_wsum_sum(mem: HostMemory, at: Launch, v: Values) -> None:
+    """out[row, h, e] = the float32 sum of the ``splits`` partials [rows, hq, splits, dv] in order, e < grid.x *
+    block.x."""
+    partial, hq, dv, splits, out = v
+    width = _items(at, dv)
+    for row in range(at.grid[2]):
+        for h in range(at.grid[1]):
+            acc = np.zeros(width, F32)
+            for j in range(max(splits, 0)):
+                acc += _load(mem, partial, F32, ((row * hq + h) * splits + j) * dv + np.arange(width))
             _store(mem, out, F32, (row * hq + h) * dv + np.arange(width), acc)
 
 
@@ -520,7 +549,8 @@ def _table() -> dict[str, Reference]:
         "geglu": partial(_glu, lambda a, tanh_approx: gelu(a, approximate="tanh" if tanh_approx else "none")),
         "bcast": _bcast, "unary": _unary, "copy_rows": _copy_rows, "layer_norm": _layer_norm,
         "moe_route": _moe_route, "moe_combine": _moe_combine, "rope": _rope, "attn_scores": _attn_scores,
-        "attn_mask": _attn_mask, "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum, "kv_store": _kv_store,
+        "attn_mask": _attn_mask, "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum,
+        "attn_wsum_sum": _attn_wsum_sum, "kv_store": _kv_store,
     }
     for dtype, (_, suffix, _, _) in TYPES.items():
         table[f"dequant_{suffix}"] = partial(_dequant, dtype)

@@ -2,10 +2,12 @@
  * [slots, hkv, d] (f32 or f16), GQA (query head h reads kv head h / (hq / hkv)), slot positions k_pos (-1: empty), a
  * sliding window with sink tokens, soft-capping and per-head sink logits — the semantics of uk_attention_rows.
  * Three kernels (a fourth for a mask input), so that every stage is parallel over keys or values whatever the context:
- *   attn_scores  grid (ceil(s / 128), hq, rows): one thread per key: scale * q . k, capped, or -inf when hidden;
+ *   attn_scores  grid (ceil(s / 128), hq, rows): one thread per key (the keys staged in shared memory): scale *
+ *                q . k, capped, or -inf when hidden;
  *   attn_mask    (an Attention node's mask input) attn_scores' grid: the mask added, or -inf where a bool mask is 0;
  *   attn_softmax grid (hq, rows), 256 threads: max, exp, sum (with the head's sink logit), normalized in place;
- *   attn_wsum    grid (ceil(dv / 128), hq, rows): one thread per output value: sum over keys of p * v.
+ *   attn_wsum    grid (splits, hq, rows), 128 threads: per stretch of keys, a thread per output value: sum of p * v
+ *                (attn_wsum_sum, grid (ceil(dv / 128), hq, rows), adds the stretches when there are several).
  * Scores live in a scratch [rows, hq, s_max]. Per-row arguments are device arrays (pointers, lengths, positions):
  * a prefill of n tokens of one sequence is n rows over the same cache, each masked by its own query position.
  * kv_store writes new keys or values into the rows' caches at the slots the tables say, f32 or f16 (rounded to
@@ -23,23 +25,41 @@ __device__ __forceinline__ int visible(int kp, int qp, int window, int n_sink) {
     return kp >= 0 && kp <= qp && !(window > 0 && qp - kp >= window && kp >= n_sink);
 }
 
+/* Block b scores keys b * UK_ATTN_KEYS .. + UK_ATTN_KEYS, a thread per key. The keys reach the threads through
+   shared memory, UK_ATTN_DIMS dimensions at a time: a warp loads one key's dimensions per instruction (consecutive
+   lanes, consecutive values), where each thread reading its own key straight from the cache would make every load
+   instruction touch 32 lines. Every thread reaches every barrier (keys past used[row] load nothing). */
+#define UK_ATTN_KEYS 128  /* geometry.ATTN_KEYS: the block's threads and keys */
+#define UK_ATTN_DIMS 32
 extern "C" __global__ void attn_scores(const float *q, const void *const *k_cache, const int *kv_f16,
                                        const long long *used, const int *q_pos, const int *const *k_pos, int hq,
                                        int hkv, int d, float scale, float softcap, int window, int n_sink,
                                        float *scores, long long s_max) {
+    __shared__ float tile[UK_ATTN_KEYS][UK_ATTN_DIMS + 1];
     const int row = blockIdx.z, h = blockIdx.y;
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x, s = used[row];
+    const long long first = (long long)blockIdx.x * UK_ATTN_KEYS, t = first + threadIdx.x, s = used[row];
+    const int kh = h / (hq / hkv), f16 = kv_f16[row];
+    const float *qh = q + ((long long)row * hq + h) * d;
+    const void *cache = k_cache[row];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float acc = 0.0f;
+    for (int e0 = 0; e0 < d; e0 += UK_ATTN_DIMS) {
+        const int dims = d - e0 < UK_ATTN_DIMS ? d - e0 : UK_ATTN_DIMS;
+        for (int key = warp; key < UK_ATTN_KEYS; key += UK_ATTN_KEYS / 32) {
+            const long long tk = first + key;
+            if (lane < dims && tk < s) tile[key][lane] = kv_at(cache, f16, (tk * hkv + kh) * d + e0 + lane);
+        }
+        __syncthreads();
+        if (t < s)
+            for (int e = 0; e < dims; e++) acc += qh[e0 + e] * tile[threadIdx.x][e];
+        __syncthreads();
+    }
     if (t >= s) return;
     float *out = scores + ((long long)row * hq + h) * s_max;
     if (!visible(k_pos[row][t], q_pos[row], window, n_sink)) {
         out[t] = UK_NEG_INF;
         return;
     }
-    const int kh = h / (hq / hkv), f16 = kv_f16[row];
-    const float *qh = q + ((long long)row * hq + h) * d;
-    const long long base = (t * hkv + kh) * d;
-    float acc = 0.0f;
-    for (int e = 0; e < d; e++) acc += qh[e] * kv_at(k_cache[row], f16, base + e);
     float l = acc * scale;
     if (softcap > 0.0f) l = softcap * tanhf(l / softcap);
     out[t] = l;
@@ -102,19 +122,39 @@ extern "C" __global__ void attn_softmax(float *scores, const long long *used, co
     for (long long t = threadIdx.x; t < s; t += UK_ATTN_BLOCK) p[t] *= inv;
 }
 
+/* out[row, h, :] = sum over keys of p * v, the keys cut into `splits` stretches of ceil(s_max / splits): block
+   (j, h, row) sums stretch j, a thread per output value (consecutive threads on consecutive values of a cache row).
+   One stretch (splits = 1) writes out [rows, hq, dv]; more write partial sums [rows, hq, splits, dv] there, which
+   attn_wsum_sum adds in stretch order (no atomics: the same bits every run). Why stretches: a decode step has a
+   row of hq heads, so without them hq blocks would each walk every key of the context in one long chain. */
 extern "C" __global__ void attn_wsum(const float *scores, const void *const *v_cache, const int *kv_f16,
-                                     const long long *used, int hq, int hkv, int dv, long long s_max, float *out) {
+                                     const long long *used, int hq, int hkv, int dv, long long s_max, int splits,
+                                     float *out) {
+    const int row = blockIdx.z, h = blockIdx.y, j = blockIdx.x;
+    const long long s = used[row], chunk = (s_max + splits - 1) / splits;
+    const long long t0 = j * chunk, t1 = t0 + chunk < s ? t0 + chunk : s;
+    const int kh = h / (hq / hkv), f16 = kv_f16[row];
+    const float *p = scores + ((long long)row * hq + h) * s_max;
+    float *o = out + (((long long)row * hq + h) * splits + j) * dv;
+    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+        float acc = 0.0f;
+#pragma unroll 4
+        for (long long t = t0; t < t1; t++) {
+            const float w = p[t];
+            if (w != 0.0f) acc += w * kv_at(v_cache[row], f16, (t * hkv + kh) * dv + e);
+        }
+        o[e] = acc;
+    }
+}
+
+/* out[row, h, e] = the sum of attn_wsum's `splits` partial sums, in stretch order; one thread per output value */
+extern "C" __global__ void attn_wsum_sum(const float *partial, int hq, int dv, int splits, float *out) {
     const int row = blockIdx.z, h = blockIdx.y;
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= dv) return;
-    const long long s = used[row];
-    const int kh = h / (hq / hkv), f16 = kv_f16[row];
-    const float *p = scores + ((long long)row * hq + h) * s_max;
+    const float *p = partial + ((long long)row * hq + h) * splits * dv + e;
     float acc = 0.0f;
-    for (long long t = 0; t < s; t++) {
-        const float w = p[t];
-        if (w != 0.0f) acc += w * kv_at(v_cache[row], f16, (t * hkv + kh) * dv + e);
-    }
+    for (int j = 0; j < splits; j++) acc += p[(long long)j * dv];
     out[((long long)row * hq + h) * dv + e] = acc;
 }
 
