@@ -7,6 +7,7 @@ renamed kernel is a test failure (every listed name must appear in its source), 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from dataclasses import dataclass
 from functools import cache
@@ -112,22 +113,40 @@ def signature(kernel: str) -> str:
 
 def check_args(module: str, kernel: str, args: tuple[object, ...]) -> None:
     """BackendError unless ``kernel`` is one ``module`` defines and ``args`` match its parameters: a pointer is a
-    DeviceBuffer or ``ctypes.c_uint64``, the scalars ``c_int``, ``c_longlong``, ``c_float``."""
-    import ctypes
+    DeviceBuffer or ``ctypes.c_uint64``, the scalars ``c_int``, ``c_longlong``, ``c_float``. Runs on every launch
+    that is not a graph replay: the kinds are looked up once per kernel."""
+    kinds = _arg_types(module, kernel)
+    if len(args) != len(kinds):
+        raise _arg_error(module, kernel, args)
+    for a, want in zip(args, kinds, strict=True):
+        if type(a) is not want and not (want is _POINTER and hasattr(a, "ptr") and hasattr(a, "nbytes")):
+            raise _arg_error(module, kernel, args)
 
+
+_POINTER = ctypes.c_uint64
+_TYPES = {"i": ctypes.c_int, "l": ctypes.c_longlong, "f": ctypes.c_float, "p": _POINTER}
+
+
+@cache
+def _arg_types(module: str, kernel: str) -> tuple[type, ...]:
+    if module not in MODULES or kernel not in MODULES[module].kernels:
+        from uaii.backends.base import BackendError
+
+        raise BackendError(f"[cuda] module {module!r} has no kernel {kernel!r}")
+    return tuple(_TYPES[k] for k in signature(kernel))
+
+
+def _arg_error(module: str, kernel: str, args: tuple[object, ...]) -> Exception:
+    """The BackendError naming the first argument that does not fit (the slow path: only on a mistake)."""
     from uaii.backends.base import BackendError
 
-    if module not in MODULES or kernel not in MODULES[module].kernels:
-        raise BackendError(f"[cuda] module {module!r} has no kernel {kernel!r}")
     kinds = signature(kernel)
     if len(args) != len(kinds):
-        raise BackendError(f"[cuda] {kernel} takes {len(kinds)} arguments, given {len(args)}")
-    want = {"i": ctypes.c_int, "l": ctypes.c_longlong, "f": ctypes.c_float, "p": ctypes.c_uint64}
+        return BackendError(f"[cuda] {kernel} takes {len(kinds)} arguments, given {len(args)}")
     for i, (a, k) in enumerate(zip(args, kinds, strict=True)):
-        ok = (hasattr(a, "ptr") and hasattr(a, "nbytes")) if k == "p" else False
-        ok = ok or type(a) is want[k]
-        if not ok:
-            raise BackendError(f"[cuda] {kernel}: argument {i} must be {KINDS[k]}, given {a!r}")
+        if type(a) is not _TYPES[k] and not (k == "p" and hasattr(a, "ptr") and hasattr(a, "nbytes")):
+            return BackendError(f"[cuda] {kernel}: argument {i} must be {KINDS[k]}, given {a!r}")
+    return BackendError(f"[cuda] {kernel}: arguments {args!r}")
 
 
 @cache
