@@ -9,7 +9,8 @@
  * quant_act: one thread per (row, 32-value block). mmq_<type>: a block of MMQ_THREADS (16 x 16) threads computes
  * MMQ_TILE (64) weight rows x MMQ_TILE activation rows; per stage it decodes MMQ_UNITS (4) units of each of its 64
  * weight rows into their integer form (decode.cuh: uk_row_unit_int; one (row, unit) per thread) and copies the
- * matching activation blocks, both into shared memory as 32-bit words; thread (tx, ty) then owns weight rows
+ * matching activation blocks, both into shared memory as 32-bit words (a lane per (row, unit), the units of a row
+ * on neighbouring lanes); thread (tx, ty) then owns weight rows
  * ty + 16 i and activation rows tx + 16 j (i, j < 4: 16 accumulators) and adds uk_unit_dot of every pair. Rows past
  * n or m are loaded as zeros and never stored. */
 #include "decode.cuh"
@@ -18,6 +19,7 @@
 #define MMQ_UNITS 4
 #define MMQ_SIDE 16                     /* threads per side of a block: MMQ_SIDE x MMQ_SIDE */
 #define MMQ_PER (MMQ_TILE / MMQ_SIDE)   /* rows of each kind per thread */
+#define MMQ_WORDS 9  /* a unit's 8 words and a pad: the 16 activation rows a half-warp reads fall in 16 banks */
 
 extern "C" __global__ void quant_act(const float *__restrict__ x, long long ldx, int m, int k, uk_i8 *__restrict__ q,
                                      float *__restrict__ d, float *__restrict__ s) {
@@ -31,9 +33,9 @@ template <int T>
 __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long row_bytes, int n, int k,
                                          const uk_i8 *__restrict__ qa, const float *__restrict__ da,
                                          const float *__restrict__ sa, int m, float *__restrict__ y, long long ldy) {
-    __shared__ int wq[MMQ_UNITS][MMQ_TILE][8];     /* a unit's 32 int8 values as 8 words */
-    __shared__ float wsc[MMQ_UNITS][MMQ_TILE][3];  /* sc[0], sc[1], mn */
-    __shared__ int aq[MMQ_UNITS][MMQ_TILE][8];
+    __shared__ int wq[MMQ_UNITS][MMQ_TILE][MMQ_WORDS];  /* a unit's 32 int8 values as 8 words (and a pad) */
+    __shared__ float wsc[MMQ_UNITS][MMQ_TILE][3];       /* sc[0], sc[1], mn */
+    __shared__ int aq[MMQ_UNITS][MMQ_TILE][MMQ_WORDS];
     __shared__ float ads[MMQ_UNITS][MMQ_TILE][2];  /* d, s */
     const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * MMQ_SIDE + tx;
     const int n0 = blockIdx.x * MMQ_TILE, m0 = blockIdx.y * MMQ_TILE;
@@ -44,8 +46,9 @@ __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long 
 #pragma unroll
         for (int j = 0; j < MMQ_PER; j++) acc[i][j] = 0.0f;
     for (long long u0 = 0; u0 < units; u0 += MMQ_UNITS) {
-        {   /* thread tid loads (row r, unit v) of the weights and of the activations */
-            const int r = tid % MMQ_TILE, v = tid / MMQ_TILE;
+        {   /* thread tid loads (row r, unit v) of the weights and of the activations: a warp's lanes take 8 rows'
+               4 consecutive units, so each load instruction reads 8 stretches of a row, not 32 rows apart */
+            const int r = tid / MMQ_UNITS, v = tid % MMQ_UNITS;
             const long long u = u0 + v;
             uk_i8 q[32];
             float sc[2], mn = 0.0f;
