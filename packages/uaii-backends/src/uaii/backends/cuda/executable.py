@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -130,8 +131,9 @@ class Binding:
     graphs: dict[Any, Any] = field(default_factory=dict)  # instantiated CUDA graphs of the steps, by run key
     seen: set[Any] = field(default_factory=set)  # keys run once: the next run with one captures
 
-    @property
+    @cached_property
     def graphable(self) -> bool:
+        """Every step is device work (a binding's steps never change: looked at once, not every decode step)."""
         return bool(self.steps) and all(getattr(s, "device_only", False) for s in self.steps)
 
 
