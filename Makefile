@@ -118,7 +118,10 @@ bench-gpu: setup ## WebGPU on whatever adapter exists: GEMV GB/s per type vs its
 
 CUDA_TESTS = tests/backends/test_cuda_kernels.py tests/backends/test_cuda_reference.py tests/backends/test_cuda_conformance.py \
 	tests/backends/test_cuda_packed.py tests/backends/test_cuda_ew.py tests/runtime/test_cuda_executable.py \
-	tests/runtime/test_cuda_parity.py
+	tests/runtime/test_cuda_parity.py tests/runtime/test_cuda_graphs.py
+
+bench-cuda-host: setup ## the CUDA executor's own host time per SmolLM2 decode step (device stubbed out): replayed as a CUDA graph vs each kernel launched
+	$(PY) bench/bench_cuda_host.py $(CUDA_HOST_ARGS)
 
 check-cuda: setup ## on a machine with an NVIDIA GPU: the CUDA tests, none skipped for want of a device, then the CUDA part of bench-gpu
 	$(PY) -m pytest -q -rs -p no:cacheprovider $(CUDA_TESTS) 2>&1 | tee /tmp/uaii-check-cuda.log; \

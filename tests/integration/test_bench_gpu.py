@@ -127,3 +127,12 @@ def test_the_graphs_row_on_the_host_model_of_a_cuda_device(tmp_path: Path, monke
     assert row["model"] == "tiny" and row["steps"] == 16 and row["same_tokens"] is True
     assert row["graph_launches"] == 17 == dev.graph_launches  # the capture's run, then every timed step
     assert row["launch_tok_s"] > 0 and row["x_launches"] == pytest.approx(row["graph_tok_s"] / row["launch_tok_s"])
+
+
+def test_the_cuda_host_bench_times_both_ways(smollm2_path: Path) -> None:
+    """bench_cuda_host.py (`make bench-cuda-host`): SmolLM2 on a stubbed device — a replayed step makes no launch
+    call, a launched one a call per kernel; both host times from the same run."""
+    host = load_script("bench/bench_cuda_host.py", "bench_cuda_host")
+    r = host.host_time(smollm2_path, 3)
+    assert r["replayed_launch_calls"] == 0 and r["launched_launch_calls"] > 200
+    assert r["replayed_us"] > 0 and r["x_launched"] == pytest.approx(r["launched_us"] / r["replayed_us"])
