@@ -13,7 +13,8 @@ device memory before the steps) is captured into a graph on its second run with 
 capacities, which size the attention launches; a few keys per binding) and replayed from then on: one launch call
 per decode step instead of one per kernel, so decode is not bound by Python's launch overhead (hundreds of kernels
 a token). A binding with host work between its launches (streamed pieces, streamed expert banks, a host-gathered
-embedding) runs its steps every time. ``graphs=False`` turns the capture off (the benchmarks compare the two).
+embedding) runs its steps every time, and so does one whose capture the device refused (said once, in a
+warning). ``graphs=False`` turns the capture off (the benchmarks compare the two).
 
 Storage-first on the device: a weight named in ``streamed`` is not uploaded. It is cut into *pieces* of whole rows
 (at most ``chunk_bytes``; a matrix's output features) and every run moves its pieces host -> device in the order
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -80,6 +82,7 @@ STAGING_SLOTS = 2
 """Device slots (and page-locked host buffers) streamed pieces take turns in: one read by kernels, one filling."""
 
 c_int, c_ll, c_f, c_p = ctypes.c_int, ctypes.c_longlong, ctypes.c_float, ctypes.c_uint64
+log = logging.getLogger("uaii.backends")
 Step = Callable[["RunContext"], None]
 
 
@@ -130,6 +133,7 @@ class Binding:
     bit_feeds: frozenset[str] = frozenset()
     graphs: dict[Any, Any] = field(default_factory=dict)  # instantiated CUDA graphs of the steps, by run key
     seen: set[Any] = field(default_factory=set)  # keys run once: the next run with one captures
+    capture_failed: bool = False  # the device refused a capture: the steps run every time
 
     @cached_property
     def graphable(self) -> bool:
@@ -468,24 +472,17 @@ class CudaExecutable:
 
     def _run_steps(self, b: Binding, ctx: RunContext) -> None:
         """Queue the binding's steps: replay its graph for the run's key, capture one on the second run with the
-        key (see the module doc), or run them."""
-        if not (self.graphs and b.graphable):
+        key (see the module doc), or run them. A capture the device refuses is said once (a warning naming the
+        error) and the binding runs its steps from then on: nothing of a failed capture ran, so they run now."""
+        if not (self.graphs and b.graphable and not b.capture_failed):
             for step in b.steps:
                 step(ctx)
             return
         key = tuple(s.capacity for s in ctx.states)
         graph = b.graphs.pop(key, None)
         if graph is None and key in b.seen:
-            self.dev.begin_capture(self.stream)
-            try:
-                for step in b.steps:
-                    step(ctx)
-            except BaseException:
-                with contextlib.suppress(BackendError):  # an invalidated capture: the step's error is the one
-                    self.dev.graph_destroy(self.dev.end_capture(self.stream))
-                raise
-            graph = self.dev.end_capture(self.stream)
-            if len(b.graphs) >= MAX_GRAPHS:
+            graph = self._capture(b, ctx)
+            if graph is not None and len(b.graphs) >= MAX_GRAPHS:
                 self.dev.graph_destroy(b.graphs.pop(next(iter(b.graphs))))
         b.seen.add(key)
         if graph is None:
@@ -495,6 +492,30 @@ class CudaExecutable:
         b.graphs[key] = graph  # most recently used last
         self.dev.graph_launch(graph, self.stream)
         self.graph_launches += 1
+
+    def _capture(self, b: Binding, ctx: RunContext) -> Any:
+        """The binding's steps captured and instantiated, or None (said once) when the device refuses."""
+        self.dev.begin_capture(self.stream)
+        try:
+            for step in b.steps:
+                step(ctx)
+        except BackendError as exc:
+            with contextlib.suppress(BackendError):  # an invalidated capture: the step's error is the one
+                self.dev.graph_destroy(self.dev.end_capture(self.stream))
+            return self._capture_failed(b, exc)
+        except BaseException:
+            with contextlib.suppress(BackendError):
+                self.dev.graph_destroy(self.dev.end_capture(self.stream))
+            raise
+        try:
+            return self.dev.end_capture(self.stream)
+        except BackendError as exc:
+            return self._capture_failed(b, exc)
+
+    def _capture_failed(self, b: Binding, exc: BackendError) -> None:
+        b.capture_failed = True
+        log.warning("[backend] cuda: a binding of %r (%d steps) could not be captured as a CUDA graph (%s); it "
+                    "launches its kernels every run", self.graph.name, len(b.steps), exc)
 
     def _drop_graphs(self, b: Binding) -> None:
         while b.graphs:
