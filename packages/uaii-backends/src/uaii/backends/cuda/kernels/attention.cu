@@ -45,10 +45,14 @@ extern "C" __global__ void attn_scores(const float *q, const void *const *k_cach
     float acc = 0.0f;
     for (int e0 = 0; e0 < d; e0 += UK_ATTN_DIMS) {
         const int dims = d - e0 < UK_ATTN_DIMS ? d - e0 : UK_ATTN_DIMS;
-        for (int key = warp; key < UK_ATTN_KEYS; key += UK_ATTN_KEYS / 32) {
-            const long long tk = first + key;
-            if (lane < dims && tk < s) tile[key][lane] = kv_at(cache, f16, (tk * hkv + kh) * d + e0 + lane);
+        float v[UK_ATTN_KEYS / 4];  /* warp w's keys w, w + 4, ...: every load issued before the first store */
+#pragma unroll
+        for (int j = 0; j < UK_ATTN_KEYS / 4; j++) {
+            const long long tk = first + warp + 4 * j;
+            v[j] = lane < dims && tk < s ? kv_at(cache, f16, (tk * hkv + kh) * d + e0 + lane) : 0.0f;
         }
+#pragma unroll
+        for (int j = 0; j < UK_ATTN_KEYS / 4; j++) tile[warp + 4 * j][lane] = v[j];
         __syncthreads();
         if (t < s)
             for (int e = 0; e < dims; e++) acc += qh[e0 + e] * tile[threadIdx.x][e];

@@ -23,13 +23,25 @@ constexpr int gemv_tile_bytes() {
 }
 
 /* Bytes [b0, b1) of the row into this warp's words (the aligned words that hold them: the first at `lead` bytes
-   in), read by the warp's 32 lanes together. Each word read holds at least one byte of the stretch, so no read
-   leaves the weight's allocation. */
+   in), read by the warp's 32 lanes together: each lane's WORDS loads are issued before any store, so a warp has
+   its whole stretch in flight at once. Each word read holds at least one byte of the stretch, so no read leaves
+   the weight's allocation. */
+template <int WORDS>
 __device__ __forceinline__ int gemv_stage(const uk_u8 *__restrict__ row, long long b0, long long b1, uk_u32 *words) {
     const unsigned long long at = (unsigned long long)(row + b0);
     const uk_u32 *aligned = (const uk_u32 *)(at & ~3ull);
     const int lead = (int)(at & 3ull), count = (int)((lead + (b1 - b0) + 3) / 4);
-    for (int i = threadIdx.x; i < count; i += 32) words[i] = aligned[i];
+    uk_u32 v[WORDS];
+#pragma unroll
+    for (int j = 0; j < WORDS; j++) {
+        const int i = threadIdx.x + 32 * j;
+        v[j] = i < count ? aligned[i] : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < WORDS; j++) {
+        const int i = threadIdx.x + 32 * j;
+        if (i < count) words[i] = v[j];
+    }
     return lead;
 }
 
@@ -56,7 +68,7 @@ __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long
         uk_tile_rows(&xs[0][0], x, ldx, M, u0, 32 * step, tid, nt);
         int lead = 0;
         if (TILE > 0 && live)  /* a k-quant row has whole super-blocks: u0 and step are multiples of per */
-            lead = gemv_stage(wr, u0 / per * bb, (u0 + step) / per * bb, ws[threadIdx.y]);
+            lead = gemv_stage<(TILE / 4 + 1 + 31) / 32>(wr, u0 / per * bb, (u0 + step) / per * bb, ws[threadIdx.y]);
         __syncthreads();
         if (live && threadIdx.x < step) {
             if (TILE > 0)
