@@ -358,10 +358,21 @@ def test_launch_limits_are_refused() -> None:
         geometry.elementwise(10).__class__((0, 1, 1), (1, 1, 1))
     with pytest.raises(BackendError, match="at least one activation row"):
         geometry.gemv_splits(0)
-    at = geometry.attention(4, 32, 4097, 128)
-    assert at.scores.grid == (33, 32, 4) and at.softmax.grid == (32, 4, 1) and at.wsum.grid == (2, 32, 4)
+    at = geometry.attention(4, 32, 8, 4097, 128)
+    assert at.scores.grid == (33, 8, 4) and at.mask.grid == (33, 32, 4) and at.softmax.grid == (32, 4, 1)
+    assert at.wsum.grid == (2, 32, 4)
     assert at.splits == 2 and at.partial_bytes == 4 * 4 * 32 * 2 * 128
     assert geometry.elementwise(1).threads >= 1 and geometry.norm(7).grid == (7, 1, 1)
+
+
+@pytest.mark.parametrize("hq,hkv,blocks", [(9, 3, 3), (32, 8, 8), (32, 2, 4), (4, 1, 1), (24, 1, 3), (8, 8, 8)])
+def test_attention_scores_a_gqa_group_per_block(hq: int, hkv: int, blocks: int) -> None:
+    """attn_scores loads a block's keys once for up to ATTN_HEADS query heads of one kv head's group: a group of 16
+    is two blocks, 24 three; the mask keeps a block row per query head."""
+    at = geometry.attention(1, hq, hkv, 300, 64)
+    assert at.scores.grid == (3, blocks, 1) and at.mask.grid == (3, hq, 1)
+    with pytest.raises(BackendError, match="not whole GQA groups"):
+        geometry.attention(1, 9, 2, 300, 64)
 
 
 @pytest.mark.parametrize("rows,hq,s_max", [(1, 9, 2048), (1, 9, 10), (1, 32, 100_000), (2, 4, 300), (30, 9, 64)])
@@ -369,7 +380,7 @@ def test_attention_sums_stretches_of_keys_when_there_are_few_heads(rows: int, hq
     """A decode step's few (row, head) pairs each sum stretches of keys (no more stretches than s_max / ATTN_STRETCH
     rounded up, until there are ATTN_BLOCKS blocks), every key in exactly one stretch; many pairs (a prefill) sum
     all keys in one."""
-    at = geometry.attention(rows, hq, s_max, 64)
+    at = geometry.attention(rows, hq, 1, s_max, 64)
     pairs = rows * hq
     assert at.wsum.grid == (at.splits, hq, rows) and at.wsum_sum.grid == (1, hq, rows)
     chunk = -(-s_max // at.splits)
@@ -491,7 +502,7 @@ def test_decode_attention_on_the_device(f16: bool, device: Any, rng: np.random.G
     qpos = device.upload(np.array([s - 1 for s in used], np.int32))
     s_max = max(used)
     scores, out = device.alloc(rows * hq * s_max * 4), device.alloc(rows * hq * d * 4)
-    at = geometry.attention(rows, hq, s_max, d)
+    at = geometry.attention(rows, hq, hkv, s_max, d)
     assert at.splits > 1  # 3 rows of 8 heads: the sums run over stretches of keys, then add up
     partial = device.alloc(at.partial_bytes)
     c = ctypes

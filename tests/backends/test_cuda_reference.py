@@ -371,13 +371,13 @@ def _attend(dev: HostDevice, q: np.ndarray, caches: list[tuple[np.ndarray, np.nd
     flags = table([int(k.dtype == np.float16) for k, _ in caches], np.int32)
     du, dqp = table(used, np.int64), table(q_pos, np.int32)
     s_max = max(used)
-    at = geometry.attention(rows, hq, s_max, dv)
+    at = geometry.attention(rows, hq, hkv, s_max, dv)
     scores, out = _filled(dev, rows * hq * s_max), _filled(dev, rows * hq * dv)
     dev.launch("attention", "attn_scores", at.scores, dev.upload(q), kp, flags, du, dqp, posp, Int(hq), Int(hkv),
                Int(d), Flt(scale), Flt(softcap), Int(window), Int(n_sink), scores, Long(s_max))
     if mask is not None:
         values, additive, row_off, h_stride, key_stride = mask
-        dev.launch("attention", "attn_mask", at.scores, scores, du, dev.upload(values), Int(additive),
+        dev.launch("attention", "attn_mask", at.mask, scores, du, dev.upload(values), Int(additive),
                    table(row_off, np.int64), Long(h_stride), Long(key_stride), Int(hq), Long(s_max))
     dev.launch("attention", "attn_softmax", at.softmax, scores, du, dev.upload(sinks) if sinks is not None else NULL,
                Int(hq), Long(s_max))
@@ -394,8 +394,12 @@ def _cache(rng: np.random.Generator, s: int, hkv: int, d: int, dtype: Any) -> tu
 
 
 @pytest.mark.parametrize("f16", [False, True])
-def test_decode_attention_with_gqa(f16: bool, dev: HostDevice, rng: np.random.Generator) -> None:
-    hq, hkv, d, used = 8, 2, 32, [37, 5, 200]  # 3 rows x 8 heads over 200 slots: the sums in 4 stretches
+@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 32), (24, 2, 40)])
+def test_decode_attention_with_gqa(f16: bool, hq: int, hkv: int, d: int, dev: HostDevice,
+                                   rng: np.random.Generator) -> None:
+    """3 rows over up to 200 slots (the value sums in stretches); groups of 4 heads, and of 12 (a block of 8
+    heads and one of 4 per group) with a head dim of 40 (a partial stage of 8 dimensions)."""
+    used = [37, 5, 200]
     caches = [_cache(rng, s, hkv, d, np.float16 if f16 else np.float32) for s in used]
     k_pos = [np.arange(s, dtype=np.int32) for s in used]
     k_pos[2][[3, 11]] = -1                                          # empty slots
@@ -549,18 +553,24 @@ def test_a_grid_too_small_leaves_the_rest_untouched(dev: HostDevice, rng: np.ran
     y = dev.download(dy, (m, n), np.float32)
     assert (y[:64, :64] != SENTINEL).all() and (y[64:] == SENTINEL).all() and (y[:, 64:] == SENTINEL).all()
 
-    hq, d, s = 2, 16, 200                                          # one block of 128 keys, head 0 only
-    kc = dev.upload(rng.standard_normal((s, 1, d)).astype(np.float32))
+    hq, d, s = 2, 16, 200              # one block of 128 keys, kv head 0's group only (2 heads over 2 kv heads)
+    kc = dev.upload(rng.standard_normal((s, 2, d)).astype(np.float32))
     k_table, pos_table = (dev.upload(np.array([b.ptr], np.uint64))
                           for b in (kc, dev.upload(np.arange(s, dtype=np.int32))))
     flags, used, q_pos = dev.upload(np.array([0], np.int32)), dev.upload(np.array([s], np.int64)), \
         dev.upload(np.array([s], np.int32))
     scores = _filled(dev, hq * s)
     dev.launch("attention", "attn_scores", Launch((1, 1, 1), (128, 1, 1)), dev.upload(np.ones((hq, d), np.float32)),
-               k_table, flags, used, q_pos, pos_table, Int(hq), Int(1), Int(d), Flt(1.0), Flt(0.0), Int(0), Int(0),
+               k_table, flags, used, q_pos, pos_table, Int(hq), Int(2), Int(d), Flt(1.0), Flt(0.0), Int(0), Int(0),
                scores, Long(s))
     got = dev.download(scores, (hq, s), np.float32)
     assert (got[0, :128] != SENTINEL).all() and (got[0, 128:] == SENTINEL).all() and (got[1] == SENTINEL).all()
+    scores = _filled(dev, hq * s)  # over one kv head, one block row is the whole group: both heads
+    dev.launch("attention", "attn_scores", Launch((1, 1, 1), (128, 1, 1)), dev.upload(np.ones((hq, d), np.float32)),
+               k_table, flags, used, q_pos, pos_table, Int(hq), Int(1), Int(d), Flt(1.0), Flt(0.0), Int(0), Int(0),
+               scores, Long(s))
+    got = dev.download(scores, (hq, s), np.float32)
+    assert (got[:, :128] != SENTINEL).all() and (got[:, 128:] == SENTINEL).all()
 
 
 def test_kernels_refuse_a_block_shape_they_do_not_assume(host: HostDevice) -> None:

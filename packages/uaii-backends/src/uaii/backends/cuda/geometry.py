@@ -23,6 +23,7 @@ GEMV_WARPS = 4          # gemv.cu's UK_GEMV_WARPS: weight rows per GEMV block (o
 ELEMENTWISE = 256       # threads per block of the one-thread-per-item kernels
 NORM_BLOCK = 256        # ops.cu's UK_BLOCK: one block per row
 ATTN_KEYS = 128         # attention.cu's UK_ATTN_KEYS: attn_scores' keys (and threads) per block
+ATTN_HEADS = 8          # attention.cu's UK_ATTN_HEADS: query heads of a GQA group per attn_scores block
 ATTN_SOFTMAX = 256      # attention.cu's UK_ATTN_BLOCK
 ATTN_VALUES = 128       # attn_wsum's threads (a thread per output value, looping past 128); attn_wsum_sum's per block
 ATTN_BLOCKS = 256       # attn_wsum cuts the keys into stretches until rows x heads x stretches reaches this
@@ -112,11 +113,13 @@ def norm(rows: int) -> Launch:
 
 
 class Attention(NamedTuple):
-    """The launches of attention over ``rows`` sequences of ``hq`` heads and at most ``s_max`` keys: attn_scores
-    (and attn_mask), attn_softmax, attn_wsum over ``splits`` stretches of keys, attn_wsum_sum adding them (only
-    when ``splits`` > 1; its partial sums need ``partial_bytes`` of scratch)."""
+    """The launches of attention over ``rows`` sequences of ``hq`` query heads (in groups over ``hkv`` kv heads) and
+    at most ``s_max`` keys: attn_scores (up to ATTN_HEADS heads of a group per block), attn_mask (a head per block
+    row), attn_softmax, attn_wsum over ``splits`` stretches of keys, attn_wsum_sum adding them (only when
+    ``splits`` > 1; its partial sums need ``partial_bytes`` of scratch)."""
 
     scores: Launch
+    mask: Launch
     softmax: Launch
     wsum: Launch
     wsum_sum: Launch
@@ -124,14 +127,18 @@ class Attention(NamedTuple):
     partial_bytes: int
 
 
-def attention(rows: int, hq: int, s_max: int, dv: int) -> Attention:
+def attention(rows: int, hq: int, hkv: int, s_max: int, dv: int) -> Attention:
     """The launches of attention (:class:`Attention`); the stretches keep a decode step's few (row, head) pairs
     from each walking the whole context alone."""
     if rows > MAX_GRID_YZ or hq > MAX_GRID_YZ:
         raise BackendError(f"[cuda] attention over {rows} rows x {hq} heads is past the grid's y/z limit")
+    if hkv < 1 or hq % hkv:
+        raise BackendError(f"[cuda] attention with {hq} query heads over {hkv} kv heads: not whole GQA groups")
     pairs = max(rows * hq, 1)
     splits = 1 if pairs >= ATTN_BLOCKS else max(1, min(-(-ATTN_BLOCKS // pairs), -(-s_max // ATTN_STRETCH)))
-    return Attention(Launch((_blocks(s_max, ATTN_KEYS), hq, rows), (ATTN_KEYS, 1, 1)),
+    keys = _blocks(s_max, ATTN_KEYS)
+    return Attention(Launch((keys, hkv * _blocks(hq // hkv, ATTN_HEADS), rows), (ATTN_KEYS, 1, 1)),
+                     Launch((keys, hq, rows), (ATTN_KEYS, 1, 1)),
                      Launch((hq, rows, 1), (ATTN_SOFTMAX, 1, 1)),
                      Launch((splits, hq, rows), (ATTN_VALUES, 1, 1)),
                      Launch((_blocks(dv, ATTN_VALUES), hq, rows), (ATTN_VALUES, 1, 1)),

@@ -377,12 +377,12 @@ class Binder:
         window, sinks, softcap = int(attrs["sliding_window"]), int(attrs["sinks"]), float(attrs["softcap"])
         pq, py, dev, stream = self.a(q), self.a(node.outputs[0]), self.dev, self.exe.stream
         chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max), geometry.MAX_GRID_YZ))
-        partial = max(geometry.attention(c, hq, s_max, dv).partial_bytes for c in {chunk, rows % chunk or chunk})
+        partial = max(geometry.attention(c, hq, hkv, s_max, dv).partial_bytes for c in {chunk, rows % chunk or chunk})
         scores_bytes = -(-4 * chunk * hq * s_max // 256) * 256
         scores = self.exe.scores(scores_bytes + partial)  # the stretches' partial sums after the scores
         for r0 in range(0, rows, chunk):
             rc = min(chunk, rows - r0)
-            at = geometry.attention(rc, hq, s_max, dv)
+            at = geometry.attention(rc, hq, hkv, s_max, dv)
             kcp, vcp = tables + at_t["k"] + 8 * (layer * rows + r0), tables + at_t["v"] + 8 * (layer * rows + r0)
             f16, used = tables + at_t["f16"] + 4 * r0, tables + at_t["used"] + 8 * r0
             qpos, kpos = tables + at_t["qpos"] + 4 * r0, tables + at_t["kpos"] + 8 * r0
@@ -390,7 +390,7 @@ class Binder:
                        c_p(used), c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d), c_f(scale), c_f(softcap),
                        c_int(window), c_int(sinks), c_p(scores), c_ll(s_max), stream=stream)
             if mask is not None:
-                dev.launch("attention", "attn_mask", at.scores, c_p(scores), c_p(used), c_p(mask.ptr),
+                dev.launch("attention", "attn_mask", at.mask, c_p(scores), c_p(used), c_p(mask.ptr),
                            c_int(int(mask.additive)), c_p(mask.rows + 8 * r0), c_ll(mask.h_stride),
                            c_ll(mask.key_stride), c_int(hq), c_ll(s_max), stream=stream)
             dev.launch("attention", "attn_softmax", at.softmax, c_p(scores), c_p(used), c_p(0), c_int(hq),

@@ -29,6 +29,7 @@ import numpy as np
 import uaii.kernels as K
 from uaii.backends.base import BackendError
 from uaii.backends.cuda.geometry import (
+    ATTN_HEADS,
     ATTN_KEYS,
     ATTN_SOFTMAX,
     ATTN_VALUES,
@@ -428,10 +429,18 @@ def _cache_rows(mem: HostMemory, table: int, flags: int, row: int, slots: np.nda
 
 
 def _attn_scores(mem: HostMemory, at: Launch, v: Values) -> None:
-    """scores[row, h, t] for rows < grid.z, heads < grid.y, keys t < min(used[row], grid.x * block.x): scale q . k
-    (soft-capped), -inf where the key is hidden (an empty slot, in the future, out of the window and no sink)."""
+    """scores[row, h, t] for rows < grid.z, the heads of the GQA group parts < grid.y (ATTN_HEADS heads of a kv
+    head's hq / hkv per part), keys t < min(used[row], grid.x * block.x): scale q . k (soft-capped), -inf where the
+    key is hidden (an empty slot, in the future, out of the window and no sink)."""
     q, k_cache, kv_f16, used, q_pos, k_pos, hq, hkv, d, scale, softcap, window, n_sink, scores, s_max = v
     _need_block(at, "attn_scores", ATTN_KEYS)
+    if hkv <= 0 or hq // hkv <= 0:
+        raise BackendError(f"[cuda-host] attention with {hq} query heads over {hkv} kv heads divides by zero")
+    group = hq // hkv
+    parts = -(-group // ATTN_HEADS)
+    heads = [h for y in range(at.grid[1]) for h in range(y // parts * group + y % parts * ATTN_HEADS,
+                                                         min(y // parts * group + (y % parts + 1) * ATTN_HEADS,
+                                                             (y // parts + 1) * group))]
     for row in range(at.grid[2]):
         s = min(_at(mem, used, np.int64, row), at.grid[0] * at.block[0])
         if s <= 0:
@@ -439,7 +448,7 @@ def _attn_scores(mem: HostMemory, at: Launch, v: Values) -> None:
         kp = _load(mem, _at(mem, k_pos, np.uint64, row), np.int32, np.arange(s)).astype(np.int64)
         qp = _at(mem, q_pos, np.int32, row)
         keys = np.flatnonzero((kp >= 0) & (kp <= qp) & ~((window > 0) & (qp - kp >= window) & (kp >= n_sink)))
-        for h in range(at.grid[1]):
+        for h in heads:
             logits = np.full(s, -np.inf)
             if keys.size:
                 qv = _load(mem, q, F32, (row * hq + h) * d + np.arange(d)).astype(F64)

@@ -2,9 +2,10 @@
  * [slots, hkv, d] (f32 or f16), GQA (query head h reads kv head h / (hq / hkv)), slot positions k_pos (-1: empty), a
  * sliding window with sink tokens, soft-capping and per-head sink logits — the semantics of uk_attention_rows.
  * Three kernels (a fourth for a mask input), so that every stage is parallel over keys or values whatever the context:
- *   attn_scores  grid (ceil(s / 128), hq, rows): one thread per key (the keys staged in shared memory): scale *
- *                q . k, capped, or -inf when hidden;
- *   attn_mask    (an Attention node's mask input) attn_scores' grid: the mask added, or -inf where a bool mask is 0;
+ *   attn_scores  grid (ceil(s / 128), hkv * ceil(group / 8), rows): one thread per key (the keys staged in shared
+ *                memory once for up to 8 heads of a GQA group): scale * q . k, capped, or -inf when hidden;
+ *   attn_mask    (an Attention node's mask input) grid (ceil(s / 128), hq, rows): the mask added, or -inf where a
+ *                bool mask is 0;
  *   attn_softmax grid (hq, rows), 256 threads: max, exp, sum (with the head's sink logit), normalized in place;
  *   attn_wsum    grid (splits, hq, rows), 128 threads: per stretch of keys, a thread per output value: sum of p * v
  *                (attn_wsum_sum, grid (ceil(dv / 128), hq, rows), adds the stretches when there are several).
@@ -25,24 +26,33 @@ __device__ __forceinline__ int visible(int kp, int qp, int window, int n_sink) {
     return kp >= 0 && kp <= qp && !(window > 0 && qp - kp >= window && kp >= n_sink);
 }
 
-/* Block b scores keys b * UK_ATTN_KEYS .. + UK_ATTN_KEYS, a thread per key. The keys reach the threads through
-   shared memory, UK_ATTN_DIMS dimensions at a time: a warp loads one key's dimensions per instruction (consecutive
-   lanes, consecutive values), where each thread reading its own key straight from the cache would make every load
-   instruction touch 32 lines. Every thread reaches every barrier (keys past used[row] load nothing). */
+/* Block (b, y, row) scores keys b * UK_ATTN_KEYS .. + UK_ATTN_KEYS, a thread per key, for up to UK_ATTN_HEADS query
+   heads of one GQA group (y = kv head * groups + which UK_ATTN_HEADS of its hq / hkv heads): the group's heads read
+   the same keys, so the keys are loaded once for all of them. The keys reach the threads through shared memory,
+   UK_ATTN_DIMS dimensions at a time: a warp loads one key's dimensions per instruction (consecutive lanes,
+   consecutive values), where each thread reading its own key straight from the cache would make every load
+   instruction touch 32 lines; the heads' queries are staged beside them. Every thread reaches every barrier (keys
+   past used[row] load nothing). */
 #define UK_ATTN_KEYS 128  /* geometry.ATTN_KEYS: the block's threads and keys */
 #define UK_ATTN_DIMS 32
+#define UK_ATTN_HEADS 8   /* geometry.ATTN_HEADS: query heads per block */
 extern "C" __global__ void attn_scores(const float *q, const void *const *k_cache, const int *kv_f16,
                                        const long long *used, const int *q_pos, const int *const *k_pos, int hq,
                                        int hkv, int d, float scale, float softcap, int window, int n_sink,
                                        float *scores, long long s_max) {
     __shared__ float tile[UK_ATTN_KEYS][UK_ATTN_DIMS + 1];
-    const int row = blockIdx.z, h = blockIdx.y;
+    __shared__ float qs[UK_ATTN_HEADS][UK_ATTN_DIMS];
+    const int row = blockIdx.z, group = hq / hkv, parts = (group + UK_ATTN_HEADS - 1) / UK_ATTN_HEADS;
+    const int kh = blockIdx.y / parts, h0 = kh * group + blockIdx.y % parts * UK_ATTN_HEADS;
+    const int heads = group - blockIdx.y % parts * UK_ATTN_HEADS < UK_ATTN_HEADS
+                          ? group - blockIdx.y % parts * UK_ATTN_HEADS : UK_ATTN_HEADS;
     const long long first = (long long)blockIdx.x * UK_ATTN_KEYS, t = first + threadIdx.x, s = used[row];
-    const int kh = h / (hq / hkv), f16 = kv_f16[row];
-    const float *qh = q + ((long long)row * hq + h) * d;
+    const int f16 = kv_f16[row];
     const void *cache = k_cache[row];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    float acc = 0.0f;
+    float acc[UK_ATTN_HEADS];
+#pragma unroll
+    for (int i = 0; i < UK_ATTN_HEADS; i++) acc[i] = 0.0f;
     for (int e0 = 0; e0 < d; e0 += UK_ATTN_DIMS) {
         const int dims = d - e0 < UK_ATTN_DIMS ? d - e0 : UK_ATTN_DIMS;
         float v[UK_ATTN_KEYS / 4];  /* warp w's keys w, w + 4, ...: every load issued before the first store */
@@ -53,20 +63,28 @@ extern "C" __global__ void attn_scores(const float *q, const void *const *k_cach
         }
 #pragma unroll
         for (int j = 0; j < UK_ATTN_KEYS / 4; j++) tile[warp + 4 * j][lane] = v[j];
+        for (int i = threadIdx.x; i < UK_ATTN_HEADS * UK_ATTN_DIMS; i += UK_ATTN_KEYS) {
+            const int hh = i / UK_ATTN_DIMS, e = i % UK_ATTN_DIMS;
+            qs[hh][e] = hh < heads && e < dims ? q[((long long)row * hq + h0 + hh) * d + e0 + e] : 0.0f;
+        }
         __syncthreads();
         if (t < s)
-            for (int e = 0; e < dims; e++) acc += qh[e0 + e] * tile[threadIdx.x][e];
+            for (int e = 0; e < dims; e++) {
+                const float k = tile[threadIdx.x][e];
+#pragma unroll
+                for (int i = 0; i < UK_ATTN_HEADS; i++) acc[i] += qs[i][e] * k;
+            }
         __syncthreads();
     }
     if (t >= s) return;
-    float *out = scores + ((long long)row * hq + h) * s_max;
-    if (!visible(k_pos[row][t], q_pos[row], window, n_sink)) {
-        out[t] = UK_NEG_INF;
-        return;
+    const int shown = visible(k_pos[row][t], q_pos[row], window, n_sink);
+#pragma unroll
+    for (int i = 0; i < UK_ATTN_HEADS; i++) {
+        if (i >= heads) break;
+        float l = acc[i] * scale;
+        if (softcap > 0.0f) l = softcap * tanhf(l / softcap);
+        scores[((long long)row * hq + h0 + i) * s_max + t] = shown ? l : UK_NEG_INF;
     }
-    float l = acc * scale;
-    if (softcap > 0.0f) l = softcap * tanhf(l / softcap);
-    out[t] = l;
 }
 
 /* an Attention node's mask input on the scores, after the cap as the reference applies it: additive (f32) adds its
