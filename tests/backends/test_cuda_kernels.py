@@ -360,33 +360,35 @@ def test_launch_limits_are_refused() -> None:
         geometry.gemv_splits(0)
     at = geometry.attention(4, 32, 8, 4097, 128)
     assert at.scores.grid == (33, 8, 4) and at.mask.grid == (33, 32, 4) and at.softmax.grid == (32, 4, 1)
-    assert at.wsum.grid == (2, 32, 4)
-    assert at.splits == 2 and at.partial_bytes == 4 * 4 * 32 * 2 * 128
+    assert at.wsum.grid == (8, 8, 4)  # 4 rows x 8 kv heads (groups of 4) in 8 stretches of keys: 256 blocks
+    assert at.splits == 8 and at.partial_bytes == 4 * 4 * 32 * 8 * 128
     assert geometry.elementwise(1).threads >= 1 and geometry.norm(7).grid == (7, 1, 1)
 
 
 @pytest.mark.parametrize("hq,hkv,blocks", [(9, 3, 3), (32, 8, 8), (32, 2, 4), (4, 1, 1), (24, 1, 3), (8, 8, 8)])
 def test_attention_scores_a_gqa_group_per_block(hq: int, hkv: int, blocks: int) -> None:
-    """attn_scores loads a block's keys once for up to ATTN_HEADS query heads of one kv head's group: a group of 16
-    is two blocks, 24 three; the mask keeps a block row per query head."""
+    """attn_scores and attn_wsum load a block's keys or values once for up to ATTN_HEADS query heads of one kv head's
+    group: a group of 16 is two block rows, 24 three; the mask keeps a block row per query head."""
     at = geometry.attention(1, hq, hkv, 300, 64)
-    assert at.scores.grid == (3, blocks, 1) and at.mask.grid == (3, hq, 1)
+    assert at.scores.grid == (3, blocks, 1) and at.wsum.grid[1] == blocks and at.mask.grid == (3, hq, 1)
     with pytest.raises(BackendError, match="not whole GQA groups"):
         geometry.attention(1, 9, 2, 300, 64)
 
 
-@pytest.mark.parametrize("rows,hq,s_max", [(1, 9, 2048), (1, 9, 10), (1, 32, 100_000), (2, 4, 300), (30, 9, 64)])
+@pytest.mark.parametrize("rows,hq,s_max", [(1, 9, 2048), (1, 9, 10), (1, 32, 100_000), (2, 4, 300), (30, 9, 64),
+                                           (200, 9, 4096)])
 def test_attention_sums_stretches_of_keys_when_there_are_few_heads(rows: int, hq: int, s_max: int) -> None:
-    """A decode step's few (row, head) pairs each sum stretches of keys (no more stretches than s_max / ATTN_STRETCH
-    rounded up, until there are ATTN_BLOCKS blocks), every key in exactly one stretch; many pairs (a prefill) sum
-    all keys in one."""
+    """A decode step's few (row, head group) blocks each sum stretches of keys (no more stretches than s_max /
+    ATTN_STRETCH rounded up, until there are ATTN_BLOCKS blocks), every key in exactly one stretch; many (a
+    prefill) sum all keys in one. One kv head here: its hq heads are ceil(hq / ATTN_HEADS) block rows."""
     at = geometry.attention(rows, hq, 1, s_max, 64)
-    pairs = rows * hq
-    assert at.wsum.grid == (at.splits, hq, rows) and at.wsum_sum.grid == (1, hq, rows)
+    groups = -(-hq // geometry.ATTN_HEADS)
+    pairs = rows * groups
+    assert at.wsum.grid == (at.splits, groups, rows) and at.wsum_sum.grid == (1, hq, rows)
     chunk = -(-s_max // at.splits)
     assert chunk * at.splits >= s_max > chunk * (at.splits - 1)  # every key in exactly one stretch
     assert at.splits <= -(-s_max // geometry.ATTN_STRETCH) and pairs * (at.splits - 1) < geometry.ATTN_BLOCKS
-    assert at.partial_bytes == (4 * pairs * at.splits * 64 if at.splits > 1 else 0)
+    assert at.partial_bytes == (4 * rows * hq * at.splits * 64 if at.splits > 1 else 0)
     assert (at.splits > 1) == (pairs < geometry.ATTN_BLOCKS and s_max > geometry.ATTN_STRETCH)
 
 

@@ -114,9 +114,9 @@ def norm(rows: int) -> Launch:
 
 class Attention(NamedTuple):
     """The launches of attention over ``rows`` sequences of ``hq`` query heads (in groups over ``hkv`` kv heads) and
-    at most ``s_max`` keys: attn_scores (up to ATTN_HEADS heads of a group per block), attn_mask (a head per block
-    row), attn_softmax, attn_wsum over ``splits`` stretches of keys, attn_wsum_sum adding them (only when
-    ``splits`` > 1; its partial sums need ``partial_bytes`` of scratch)."""
+    at most ``s_max`` keys: attn_scores and attn_wsum (up to ATTN_HEADS heads of a group per block row; attn_wsum
+    over ``splits`` stretches of keys), attn_mask (a head per block row), attn_softmax, attn_wsum_sum adding the
+    stretches (only when ``splits`` > 1; their partial sums need ``partial_bytes`` of scratch)."""
 
     scores: Launch
     mask: Launch
@@ -128,19 +128,20 @@ class Attention(NamedTuple):
 
 
 def attention(rows: int, hq: int, hkv: int, s_max: int, dv: int) -> Attention:
-    """The launches of attention (:class:`Attention`); the stretches keep a decode step's few (row, head) pairs
-    from each walking the whole context alone."""
+    """The launches of attention (:class:`Attention`); the stretches keep a decode step's few (row, head group)
+    blocks from each walking the whole context alone."""
     if rows > MAX_GRID_YZ or hq > MAX_GRID_YZ:
         raise BackendError(f"[cuda] attention over {rows} rows x {hq} heads is past the grid's y/z limit")
     if hkv < 1 or hq % hkv:
         raise BackendError(f"[cuda] attention with {hq} query heads over {hkv} kv heads: not whole GQA groups")
-    pairs = max(rows * hq, 1)
+    groups = hkv * _blocks(hq // hkv, ATTN_HEADS)  # block rows of up to ATTN_HEADS heads of one GQA group
+    pairs = max(rows * groups, 1)
     splits = 1 if pairs >= ATTN_BLOCKS else max(1, min(-(-ATTN_BLOCKS // pairs), -(-s_max // ATTN_STRETCH)))
     keys = _blocks(s_max, ATTN_KEYS)
-    return Attention(Launch((keys, hkv * _blocks(hq // hkv, ATTN_HEADS), rows), (ATTN_KEYS, 1, 1)),
+    return Attention(Launch((keys, groups, rows), (ATTN_KEYS, 1, 1)),
                      Launch((keys, hq, rows), (ATTN_KEYS, 1, 1)),
                      Launch((hq, rows, 1), (ATTN_SOFTMAX, 1, 1)),
-                     Launch((splits, hq, rows), (ATTN_VALUES, 1, 1)),
+                     Launch((splits, groups, rows), (ATTN_VALUES, 1, 1)),
                      Launch((_blocks(dv, ATTN_VALUES), hq, rows), (ATTN_VALUES, 1, 1)),
                      splits, 4 * rows * hq * splits * dv if splits > 1 else 0)
 

@@ -434,13 +434,7 @@ def _attn_scores(mem: HostMemory, at: Launch, v: Values) -> None:
     key is hidden (an empty slot, in the future, out of the window and no sink)."""
     q, k_cache, kv_f16, used, q_pos, k_pos, hq, hkv, d, scale, softcap, window, n_sink, scores, s_max = v
     _need_block(at, "attn_scores", ATTN_KEYS)
-    if hkv <= 0 or hq // hkv <= 0:
-        raise BackendError(f"[cuda-host] attention with {hq} query heads over {hkv} kv heads divides by zero")
-    group = hq // hkv
-    parts = -(-group // ATTN_HEADS)
-    heads = [h for y in range(at.grid[1]) for h in range(y // parts * group + y % parts * ATTN_HEADS,
-                                                         min(y // parts * group + (y % parts + 1) * ATTN_HEADS,
-                                                             (y // parts + 1) * group))]
+    heads = _group_heads(at, hq, hkv)
     for row in range(at.grid[2]):
         s = min(_at(mem, used, np.int64, row), at.grid[0] * at.block[0])
         if s <= 0:
@@ -499,18 +493,31 @@ def _attn_softmax(mem: HostMemory, at: Launch, v: Values) -> None:
             _store(mem, scores, F32, offs, e * (1.0 / total if total > 0 else 0.0))
 
 
+def _group_heads(at: Launch, hq: int, hkv: int) -> list[int]:
+    """The query heads the block rows < grid.y of attn_scores / attn_wsum cover: ATTN_HEADS heads of one kv head's
+    hq / hkv per row."""
+    if hkv <= 0 or hq // hkv <= 0:
+        raise BackendError(f"[cuda-host] attention with {hq} query heads over {hkv} kv heads divides by zero")
+    group = hq // hkv
+    parts = -(-group // ATTN_HEADS)
+    return [h for y in range(at.grid[1])
+            for h in range(y // parts * group + y % parts * ATTN_HEADS,
+                           min(y // parts * group + (y % parts + 1) * ATTN_HEADS, (y // parts + 1) * group))]
+
+
 def _attn_wsum(mem: HostMemory, at: Launch, v: Values) -> None:
-    """For stretch j < grid.x of the keys (ceil(s_max / splits) each): the sum over its keys t < used[row] with
-    p != 0 of p[t] v[t, kv head, e], for e < dv (the block's threads loop over them), written to out[row, h, j, e]
-    (out [rows, hq, splits, dv]: with one stretch, the output itself)."""
+    """For stretch j < grid.x of the keys (ceil(s_max / splits) each) and the heads the block rows cover: the sum
+    over its keys t < used[row] with p != 0 of p[t] v[t, kv head, e], for e < dv (the block's threads loop over
+    them), written to out[row, h, j, e] (out [rows, hq, splits, dv]: with one stretch, the output itself)."""
     scores, v_cache, kv_f16, used, hq, hkv, dv, s_max, splits, out = v
     _need_block(at, "attn_wsum", ATTN_VALUES)
     if splits <= 0:
         raise BackendError(f"[cuda-host] attn_wsum over {splits} stretches: the kernel would divide by zero")
+    heads = _group_heads(at, hq, hkv)
     chunk = -(-s_max // splits)
     for row in range(at.grid[2]):
         s = max(_at(mem, used, np.int64, row), 0)
-        for h in range(at.grid[1]):
+        for h in heads:
             for j in range(at.grid[0]):
                 t0, t1 = j * chunk, min(j * chunk + chunk, s)
                 p = _load(mem, scores, F32, (row * hq + h) * s_max + np.arange(t0, max(t1, t0))).astype(F64)

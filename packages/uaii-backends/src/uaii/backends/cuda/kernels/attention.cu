@@ -7,8 +7,9 @@
  *   attn_mask    (an Attention node's mask input) grid (ceil(s / 128), hq, rows): the mask added, or -inf where a
  *                bool mask is 0;
  *   attn_softmax grid (hq, rows), 256 threads: max, exp, sum (with the head's sink logit), normalized in place;
- *   attn_wsum    grid (splits, hq, rows), 128 threads: per stretch of keys, a thread per output value: sum of p * v
- *                (attn_wsum_sum, grid (ceil(dv / 128), hq, rows), adds the stretches when there are several).
+ *   attn_wsum    grid (splits, attn_scores' y, rows), 128 threads: per stretch of keys and up to 8 heads of a GQA
+ *                group, a thread per output value: sum of p * v (attn_wsum_sum, grid (ceil(dv / 128), hq, rows),
+ *                adds the stretches when there are several).
  * Scores live in a scratch [rows, hq, s_max]. Per-row arguments are device arrays (pointers, lengths, positions):
  * a prefill of n tokens of one sequence is n rows over the same cache, each masked by its own query position.
  * kv_store writes new keys or values into the rows' caches at the slots the tables say, f32 or f16 (rounded to
@@ -144,28 +145,40 @@ extern "C" __global__ void attn_softmax(float *scores, const long long *used, co
     for (long long t = threadIdx.x; t < s; t += UK_ATTN_BLOCK) p[t] *= inv;
 }
 
-/* out[row, h, :] = sum over keys of p * v, the keys cut into `splits` stretches of ceil(s_max / splits): block
-   (j, h, row) sums stretch j, a thread per output value (consecutive threads on consecutive values of a cache row).
-   One stretch (splits = 1) writes out [rows, hq, dv]; more write partial sums [rows, hq, splits, dv] there, which
-   attn_wsum_sum adds in stretch order (no atomics: the same bits every run). Why stretches: a decode step has a
-   row of hq heads, so without them hq blocks would each walk every key of the context in one long chain. */
+/* out[row, h, :] = sum over keys of p * v for up to UK_ATTN_HEADS query heads of one GQA group (block row y as in
+   attn_scores: the group's heads weigh the same values, loaded once), the keys cut into `splits` stretches of
+   ceil(s_max / splits): block (j, y, row) sums stretch j, a thread per output value (consecutive threads on
+   consecutive values of a cache row). One stretch (splits = 1) writes out [rows, hq, dv]; more write partial sums
+   [rows, hq, splits, dv] there, which attn_wsum_sum adds in stretch order (no atomics: the same bits every run).
+   Why stretches: a decode step has one row, so without them a few blocks would each walk every key of the context
+   in one long chain. A key whose weight is 0 adds nothing (its value, maybe an empty slot's, is never used). */
 extern "C" __global__ void attn_wsum(const float *scores, const void *const *v_cache, const int *kv_f16,
                                      const long long *used, int hq, int hkv, int dv, long long s_max, int splits,
                                      float *out) {
-    const int row = blockIdx.z, h = blockIdx.y, j = blockIdx.x;
+    const int row = blockIdx.z, j = blockIdx.x, group = hq / hkv, parts = (group + UK_ATTN_HEADS - 1) / UK_ATTN_HEADS;
+    const int kh = blockIdx.y / parts, h0 = kh * group + blockIdx.y % parts * UK_ATTN_HEADS;
+    const int heads = group - blockIdx.y % parts * UK_ATTN_HEADS < UK_ATTN_HEADS
+                          ? group - blockIdx.y % parts * UK_ATTN_HEADS : UK_ATTN_HEADS;
     const long long s = used[row], chunk = (s_max + splits - 1) / splits;
     const long long t0 = j * chunk, t1 = t0 + chunk < s ? t0 + chunk : s;
-    const int kh = h / (hq / hkv), f16 = kv_f16[row];
-    const float *p = scores + ((long long)row * hq + h) * s_max;
-    float *o = out + (((long long)row * hq + h) * splits + j) * dv;
+    const int f16 = kv_f16[row];
+    const void *cache = v_cache[row];
+    const float *p = scores + ((long long)row * hq + h0) * s_max;
     for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 4
+        float acc[UK_ATTN_HEADS];
+#pragma unroll
+        for (int i = 0; i < UK_ATTN_HEADS; i++) acc[i] = 0.0f;
         for (long long t = t0; t < t1; t++) {
-            const float w = p[t];
-            if (w != 0.0f) acc += w * kv_at(v_cache[row], f16, (t * hkv + kh) * dv + e);
+            const float x = kv_at(cache, f16, (t * hkv + kh) * dv + e);
+#pragma unroll
+            for (int i = 0; i < UK_ATTN_HEADS; i++) {
+                const float w = i < heads ? p[i * s_max + t] : 0.0f;
+                if (w != 0.0f) acc[i] += w * x;
+            }
         }
-        o[e] = acc;
+#pragma unroll
+        for (int i = 0; i < UK_ATTN_HEADS; i++)
+            if (i < heads) out[(((long long)row * hq + h0 + i) * splits + j) * dv + e] = acc[i];
     }
 }
 
