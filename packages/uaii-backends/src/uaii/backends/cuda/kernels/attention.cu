@@ -27,26 +27,35 @@ __device__ __forceinline__ int visible(int kp, int qp, int window, int n_sink) {
     return kp >= 0 && kp <= qp && !(window > 0 && qp - kp >= window && kp >= n_sink);
 }
 
-/* Block (b, y, row) scores keys b * UK_ATTN_KEYS .. + UK_ATTN_KEYS, a thread per key, for up to UK_ATTN_HEADS query
-   heads of one GQA group (y = kv head * groups + which UK_ATTN_HEADS of its hq / hkv heads): the group's heads read
-   the same keys, so the keys are loaded once for all of them. The keys reach the threads through shared memory,
-   UK_ATTN_DIMS dimensions at a time: a warp loads one key's dimensions per instruction (consecutive lanes,
-   consecutive values), where each thread reading its own key straight from the cache would make every load
-   instruction touch 32 lines; the heads' queries are staged beside them. Every thread reaches every barrier (keys
-   past used[row] load nothing). */
 #define UK_ATTN_KEYS 128  /* geometry.ATTN_KEYS: the block's threads and keys */
 #define UK_ATTN_DIMS 32
 #define UK_ATTN_HEADS 8   /* geometry.ATTN_HEADS: query heads per block */
+
+/* The query heads of block row y of attn_scores and attn_wsum: up to UK_ATTN_HEADS heads of one GQA group, y = kv
+   head * parts + which UK_ATTN_HEADS of its hq / hkv heads; *kh its kv head, *h0 its first head, *heads how many. */
+__device__ __forceinline__ void attn_heads(int y, int hq, int hkv, int *kh, int *h0, int *heads) {
+    const int group = hq / hkv, parts = (group + UK_ATTN_HEADS - 1) / UK_ATTN_HEADS, first = y % parts * UK_ATTN_HEADS;
+    *kh = y / parts;
+    *h0 = *kh * group + first;
+    *heads = group - first < UK_ATTN_HEADS ? group - first : UK_ATTN_HEADS;
+}
+
+/* Block (b, y, row) scores keys b * UK_ATTN_KEYS .. + UK_ATTN_KEYS, a thread per key, for the query heads of block
+   row y (attn_heads: up to UK_ATTN_HEADS heads of one GQA group): the group's heads read the same keys, so the keys
+   are loaded once for all of them. The keys reach the threads through shared memory, UK_ATTN_DIMS dimensions at a
+   time: a warp loads one key's dimensions per instruction (consecutive lanes,
+   consecutive values), where each thread reading its own key straight from the cache would make every load
+   instruction touch 32 lines; the heads' queries are staged beside them. Every thread reaches every barrier (keys
+   past used[row] load nothing). */
 extern "C" __global__ void attn_scores(const float *q, const void *const *k_cache, const int *kv_f16,
                                        const long long *used, const int *q_pos, const int *const *k_pos, int hq,
                                        int hkv, int d, float scale, float softcap, int window, int n_sink,
                                        float *scores, long long s_max) {
     __shared__ float tile[UK_ATTN_KEYS][UK_ATTN_DIMS + 1];
     __shared__ float qs[UK_ATTN_HEADS][UK_ATTN_DIMS];
-    const int row = blockIdx.z, group = hq / hkv, parts = (group + UK_ATTN_HEADS - 1) / UK_ATTN_HEADS;
-    const int kh = blockIdx.y / parts, h0 = kh * group + blockIdx.y % parts * UK_ATTN_HEADS;
-    const int heads = group - blockIdx.y % parts * UK_ATTN_HEADS < UK_ATTN_HEADS
-                          ? group - blockIdx.y % parts * UK_ATTN_HEADS : UK_ATTN_HEADS;
+    const int row = blockIdx.z;
+    int kh, h0, heads;
+    attn_heads(blockIdx.y, hq, hkv, &kh, &h0, &heads);
     const long long first = (long long)blockIdx.x * UK_ATTN_KEYS, t = first + threadIdx.x, s = used[row];
     const int f16 = kv_f16[row];
     const void *cache = k_cache[row];
@@ -155,10 +164,9 @@ extern "C" __global__ void attn_softmax(float *scores, const long long *used, co
 extern "C" __global__ void attn_wsum(const float *scores, const void *const *v_cache, const int *kv_f16,
                                      const long long *used, int hq, int hkv, int dv, long long s_max, int splits,
                                      float *out) {
-    const int row = blockIdx.z, j = blockIdx.x, group = hq / hkv, parts = (group + UK_ATTN_HEADS - 1) / UK_ATTN_HEADS;
-    const int kh = blockIdx.y / parts, h0 = kh * group + blockIdx.y % parts * UK_ATTN_HEADS;
-    const int heads = group - blockIdx.y % parts * UK_ATTN_HEADS < UK_ATTN_HEADS
-                          ? group - blockIdx.y % parts * UK_ATTN_HEADS : UK_ATTN_HEADS;
+    const int row = blockIdx.z, j = blockIdx.x;
+    int kh, h0, heads;
+    attn_heads(blockIdx.y, hq, hkv, &kh, &h0, &heads);
     const long long s = used[row], chunk = (s_max + splits - 1) / splits;
     const long long t0 = j * chunk, t1 = t0 + chunk < s ? t0 + chunk : s;
     const int f16 = kv_f16[row];
