@@ -499,13 +499,11 @@ class CudaExecutable:
         try:
             for step in b.steps:
                 step(ctx)
-        except BackendError as exc:
+        except BaseException as exc:
             with contextlib.suppress(BackendError):  # an invalidated capture: the step's error is the one
                 self.dev.graph_destroy(self.dev.end_capture(self.stream))
-            return self._capture_failed(b, exc)
-        except BaseException:
-            with contextlib.suppress(BackendError):
-                self.dev.graph_destroy(self.dev.end_capture(self.stream))
+            if isinstance(exc, BackendError):
+                return self._capture_failed(b, exc)
             raise
         try:
             return self.dev.end_capture(self.stream)
