@@ -269,7 +269,7 @@ def measure_cuda(quick: bool, models: bool = True) -> dict[str, Any] | None:
         out["synthetic_streaming"] = {"error": first_line(exc)}
         print(f"  streaming a synthetic model: not measured ({first_line(exc)})")
     try:
-        out["graphs"] = graphs_row(synthetic_path(0.5 if quick else 1.0), "synthetic llama", quick)
+        out["graphs"] = graphs_row(synthetic_llama(0.5 if quick else 1.0)[0], "synthetic llama", quick)
     except Exception as exc:
         out["graphs"] = {"error": first_line(exc)}
         print(f"  CUDA graphs: not measured ({first_line(exc)})")
@@ -290,20 +290,20 @@ def synthetic_streaming(h2d: float, quick: bool, size_gb: float | None = None) -
     import synth_gguf  # bench/ is on sys.path (above)
 
     size = size_gb if size_gb is not None else (0.5 if quick else 1.0)
-    params = synth_gguf.model_params("llama", synth_gguf.layers_for("llama", size))
-    path = synthetic_path(size)
+    path, params = synthetic_llama(size)
     budget = synth_gguf.model_bytes(params) // 4
     return streaming_row(path, f"synthetic llama {params['n_layers']}L Q4_0 ({size:g} GB)", h2d, quick, budget)
 
 
-def synthetic_path(size_gb: float) -> Path:
-    """The synthetic llama of ``size_gb`` (Llama-3-8B layer shapes, random Q4_0), written once on this machine."""
+def synthetic_llama(size_gb: float) -> tuple[Path, dict[str, Any]]:
+    """The synthetic llama of ``size_gb`` (Llama-3-8B layer shapes, random Q4_0), written once on this machine, and
+    its parameters."""
     import synth_gguf
 
     params = synth_gguf.model_params("llama", synth_gguf.layers_for("llama", size_gb))
     path = synth_gguf.default_path("llama", size_gb, params=params)
     synth_gguf.ensure_synth(path, params)
-    return Path(path)
+    return Path(path), params
 
 
 def graphs_row(path: Path, label: str, quick: bool) -> dict[str, Any]:
