@@ -323,6 +323,23 @@ def test_the_launch_geometry_is_the_sources(define: str, module: str, constant: 
     assert int(found.group(1)) == getattr(geometry, constant)
 
 
+def test_the_gemv_tile_sizes_are_the_types_units() -> None:
+    """gemv.cu sizes each type's shared weight tile by a table of its own (constexpr, where decode.cuh's block sizes
+    are C functions): 32 units' bytes of every type but f32 (read directly), as TYPES has them."""
+    import re
+
+    text = source("gemv.cu")
+    body = text[text.index("constexpr int gemv_tile_bytes()"):]
+    body = body[body.index("return") + len("return"):body.index("}")]
+    table = {}
+    for clause in body.split(":"):  # "T == UK_A || T == UK_B ? bytes", the last "bytes; /* UK_Q6_K */"
+        names, size = re.findall(r"UK_(\w+)", clause), re.search(r"(\d+)", clause.split("?")[-1])
+        assert names and size, clause
+        table.update(dict.fromkeys(names, int(size[1])))
+    for dtype, (_, suffix, nbytes, units) in TYPES.items():
+        assert table[suffix.upper()] == (0 if dtype is DType.F32 else 32 // units * nbytes), dtype
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 576, 49152, 151936])
 def test_gemv_launch_covers_every_row_once(rows: int) -> None:
     at = geometry.gemv(rows)
