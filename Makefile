@@ -23,7 +23,7 @@ PYTEST_FLAGS ?= -q
 # test-<pkg> and isolation-<pkg> are pattern rules, so they are not listed: make never looks for an implicit rule
 # for a .PHONY target (`make test-ir` did nothing while they were). No file of those names exists.
 .PHONY: help uv setup demo-env demo capi test lint typecheck pytest pytest-rest isolation gen gen-check wheels bench bench-kernels \
-        bench-generate bench-storage bench-kv bench-accuracy bench-gpu check-cuda bench-serve bench-scale bench-ray clean
+        bench-generate bench-storage bench-kv bench-accuracy bench-gpu check-cuda check-cuda-model bench-serve bench-scale bench-ray clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -51,7 +51,7 @@ demo: demo-env ## SmolLM2-135M answers a question on the CPU, streaming, then it
 capi: setup ## build libuaii and the C examples/tests (native/build/; run them with `make test-capi`)
 	$(MAKE) -C native PYTHON='$(PY)'
 
-test: setup lint gen-check isolation pytest-rest ## everything CI checks: lint, types, generated code, each package's tests in a venv of that package alone, then the slow and cross-package tests
+test: setup lint gen-check isolation pytest-rest check-cuda-model ## everything CI checks: lint, types, generated code, each package's tests in a venv of that package alone, then the slow and cross-package tests
 
 lint: setup ## ruff + mypy over every package, and the import graph against pyproject (scripts/check_deps.py)
 	$(UV) run --no-sync ruff check packages tests bench scripts
@@ -127,6 +127,15 @@ check-cuda: setup ## on a machine with an NVIDIA GPU: the CUDA tests, none skipp
 	$(PY) -m pytest -q -rs -p no:cacheprovider $(CUDA_TESTS) 2>&1 | tee /tmp/uaii-check-cuda.log; \
 	  test $${PIPESTATUS[0]} -eq 0 && ! grep -q "no CUDA device" /tmp/uaii-check-cuda.log
 	$(PY) bench/bench_gpu.py --cuda-only $(GPU_ARGS)
+
+# The same tests without a GPU: CudaDevice itself, through cuda-bindings, on a model of the CUDA driver that runs the
+# work on the host model of a device (tests/cuda_driver_model.py). What the GPU run would otherwise find first — a
+# call's arguments, kernel parameters packed wrong, a handle used after its end, a limit a launch breaks — fails here.
+check-cuda-model: setup ## the CUDA tests on CudaDevice over a model of the CUDA driver (no GPU): none skipped for want of a device, nothing refused or leaked
+	UAII_CUDA_DRIVER_MODEL=compiled $(PY) -m pytest -q -rs -p no:cacheprovider -k "not host and not compiled" \
+	  $(CUDA_TESTS) 2>&1 | tee /tmp/uaii-check-cuda-model.log; \
+	  test $${PIPESTATUS[0]} -eq 0 && ! grep -q "no CUDA device" /tmp/uaii-check-cuda-model.log && \
+	  grep -q " 0 refused, 0 contexts released with leaks" /tmp/uaii-check-cuda-model.log
 
 bench-serve: setup ## uaii serve on SmolLM2: aggregate decode tok/s of 4 concurrent streaming clients vs 1 (goal >= 2.5x)
 	$(PY) bench/bench_serve.py $(SERVE_ARGS)

@@ -20,9 +20,9 @@ from uaii.backends.analysis import node_infos  # noqa: E402
 from uaii.backends.webgpu import WebGpuBackend  # noqa: E402
 from uaii.backends.webgpu.device import GpuDevice  # noqa: E402
 from uaii.backends.webgpu.executable import WebGpuExecutable  # noqa: E402
-from uaii.backends.webgpu.measure import weight_bytes  # noqa: E402
 from uaii.backends.webgpu.ops import LOWERINGS  # noqa: E402
 from uaii.backends.webgpu.ops.dequant import SUPPORTED  # noqa: E402
+from uaii.kernels import random_weight  # noqa: E402
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 GPU = WebGpuBackend(allow_software=True)
@@ -52,7 +52,7 @@ def _plain_table(dtype: DType, vocab: int, dim: int) -> np.ndarray:
 @pytest.mark.parametrize("dtype", sorted(SUPPORTED, key=lambda d: d.value), ids=lambda d: d.value)
 def test_embedding_rows_are_bit_exact_with_the_cpu(dtype: DType) -> None:
     vocab, dim = 16, 256
-    table = weight_bytes(dtype, vocab, dim, seed=2) if dtype.is_quantized else _plain_table(dtype, vocab, dim)
+    table = random_weight(dtype, vocab, dim, seed=2) if dtype.is_quantized else _plain_table(dtype, vocab, dim)
     ids = np.array([7, 0, 15, 7, 3], np.int64)
     got = GPU.compile(_embedding(DType.I64, 5, dtype, vocab, dim), None, ArrayWeights({"table": table}),
                       kv_state=False).run({"ids": ids})["y"]
@@ -63,7 +63,7 @@ def test_embedding_rows_are_bit_exact_with_the_cpu(dtype: DType) -> None:
 
 
 def test_embedding_takes_ids_declared_f32() -> None:
-    table = weight_bytes(DType.Q5_0, 8, 64)
+    table = random_weight(DType.Q5_0, 8, 64)
     ids = np.array([3.0, 1.0, 7.0], np.float32)
     got = GPU.compile(_embedding(DType.F32, 3, DType.Q5_0, 8, 64), None, ArrayWeights({"table": table}),
                       kv_state=False).run({"ids": ids})["y"]
@@ -78,7 +78,7 @@ def compile_on(dev: GpuDevice, graph: Graph, weights: dict[str, np.ndarray]) -> 
                          ids=["q4_0_units", "f16_odd_rows"])
 def test_a_sharded_table_matches_and_ids_outside_it_give_zero_rows(small_device: GpuDevice, dtype: DType,
                                                                    vocab: int, dim: int) -> None:
-    table = weight_bytes(dtype, vocab, dim) if dtype.is_quantized else _plain_table(dtype, vocab, dim)
+    table = random_weight(dtype, vocab, dim) if dtype.is_quantized else _plain_table(dtype, vocab, dim)
     exe = compile_on(small_device, _embedding(DType.I64, 4, dtype, vocab, dim), {"table": table})
     exe.run({"ids": np.array([1, 2, vocab - 2, 4], np.int64)})  # leaves a row where the bad id lands next
     got = exe.run({"ids": np.array([vocab - 1, 0, vocab + 100, vocab // 2], np.int64)})["y"]
@@ -91,7 +91,7 @@ def test_a_sharded_table_matches_and_ids_outside_it_give_zero_rows(small_device:
 def test_packed_rows_gather_byte_by_byte_across_shards(small_device: GpuDevice) -> None:
     """q4_0 rows of 32 values are 18 bytes: output words straddle rows from different shards."""
     rows = 5000  # 90 000 bytes: 2 shards
-    data = weight_bytes(DType.Q4_0, rows, 32)
+    data = random_weight(DType.Q4_0, rows, 32)
     idx = np.array([[rows - 1, -1, 7], [0, 2500, 2499]], np.int64)
     tensors = [Tensor("x", DType.Q4_0, (rows, 32), is_weight=True), Tensor("i", DType.I64, (2, 3)),
                Tensor("y", DType.Q4_0, (2, 3, 32))]
@@ -113,7 +113,7 @@ def test_gather_of_ints_along_an_inner_axis() -> None:
 
 def test_packed_rows_gathered_then_cast_decode_on_the_device() -> None:
     """Gather keeps q8_0 rows packed in the arena; Cast dequantizes that activation in the shader."""
-    data = weight_bytes(DType.Q8_0, 9, 64)
+    data = random_weight(DType.Q8_0, 9, 64)
     tensors = [Tensor("x", DType.Q8_0, (9, 64), is_weight=True), Tensor("i", DType.I64, (3,)),
                Tensor("rows", DType.Q8_0, (3, 64)), Tensor("y", DType.F32, (3, 64))]
     nodes = [Node("g", "Gather", ("x", "i"), ("rows",)), Node("c", "Cast", ("rows",), ("y",), {"to": "f32"})]
@@ -154,7 +154,7 @@ def test_float_to_int_rounds_half_to_even_saturates_and_maps_nan_to_zero(to: str
 def test_packed_rows_of_a_quantized_weight_gather_along_a_middle_axis() -> None:
     """An expert bank [E, R, K] gathered along R keeps its blocks packed (the weight is not read as f32)."""
     e, r, k = 3, 4, 64
-    data = weight_bytes(DType.Q8_0, e * r, k)
+    data = random_weight(DType.Q8_0, e * r, k)
     tensors = [Tensor("x", DType.Q8_0, (e, r, k), is_weight=True), Tensor("i", DType.I64, (2,)),
                Tensor("y", DType.Q8_0, (e, 2, k))]
     g = _graph([Node("g", "Gather", ("x", "i"), ("y",), {"axis": 1})], tensors, ["i"], ["y"])

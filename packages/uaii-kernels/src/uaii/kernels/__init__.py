@@ -59,6 +59,7 @@ from uaii.kernels.quant import (
     quantize_activations,
     quantize_activations16,
 )
+from uaii.kernels.testing import random_weight
 
 __version__ = _version("uaii-kernels")
 __all__ = [
@@ -66,7 +67,7 @@ __all__ = [
     "__version__", "add", "argmax", "attention", "available_isas", "best_isa", "copy_bandwidth", "dequantize",
     "dequantize_mlx", "dequantize_nbits", "from_held", "geglu", "gelu", "gemm_path", "gemm_providers", "get_gemm",
     "get_isa", "get_num_threads", "get_rows", "glu", "held_form", "layer_norm", "matmul", "mlx_call", "mul",
-    "nbits_call", "num_threads", "quantize", "quantize_activations", "quantize_activations16",
+    "nbits_call", "num_threads", "quantize", "quantize_activations", "quantize_activations16", "random_weight",
     "register_gemm_provider", "rms_norm", "rope", "rope_inv_freq", "set_isa", "set_num_threads", "silu", "softmax",
     "swiglu", "topk", "use_isa", "write_held", "yarn_attn_factor",
 ]

@@ -33,6 +33,7 @@ the capture, as on the device.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,10 +120,11 @@ class HostGraph:
 @dataclass
 class HostEvent:
     """An event: ``queued`` records so far, ``reached`` of them run; a wait holds until the record it was queued
-    behind has run."""
+    behind has run. ``at``: when the latest record ran (host seconds), what an elapsed time is measured between."""
 
     queued: int = 0
     reached: int = 0
+    at: float | None = None
 
 
 class HostDevice:
@@ -246,6 +248,7 @@ class HostDevice:
         s.queue.popleft()
         if kind == "record":
             item.reached += 1
+            item.at = time.perf_counter()
         else:
             item()
         return True

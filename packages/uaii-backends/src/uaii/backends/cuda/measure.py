@@ -18,8 +18,8 @@ import numpy as np
 from uaii.backends.cuda import geometry
 from uaii.backends.cuda.device import CudaDevice, _driver, _ok
 from uaii.backends.cuda.sources import TYPES
-from uaii.backends.webgpu.measure import weight_bytes
 from uaii.ir import DType
+from uaii.kernels import random_weight
 
 
 def _timed(dev: CudaDevice, run: Any, reps: int) -> float:
@@ -55,7 +55,7 @@ def copy_bandwidth(dev: CudaDevice, nbytes: int, reps: int = 20) -> float:
 
 def gemv_bandwidth(dev: CudaDevice, dtype: DType, n: int, k: int, reps: int = 20, m: int = 1) -> float:
     """GB/s of weight bytes the GEMV kernel of ``dtype`` reads on an [n, k] weight against ``m`` activation rows."""
-    raw = weight_bytes(dtype, n, k)
+    raw = random_weight(dtype, n, k)
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     w, xb, y = dev.upload(raw), dev.upload(x), dev.alloc(m * n * 4)
     c = ctypes
@@ -85,7 +85,7 @@ def h2d_bandwidth(dev: CudaDevice, nbytes: int, reps: int = 10) -> float:
 def mmq_rate(dev: CudaDevice, dtype: DType, n: int, k: int, m: int, reps: int = 10) -> float:
     """Tera-operations per second (2 n k m) of the int8 prefill GEMM of ``dtype`` on an [n, k] weight and ``m``
     activation rows, the activation quantizer included."""
-    raw = weight_bytes(dtype, n, k)
+    raw = random_weight(dtype, n, k)
     x = np.random.default_rng(2).standard_normal((m, k)).astype(np.float32)
     w, xb, y = dev.upload(raw), dev.upload(x), dev.alloc(4 * m * n)
     q, d, sc = dev.alloc(m * k), dev.alloc(4 * m * (k // 32)), dev.alloc(4 * m * (k // 32))

@@ -21,23 +21,7 @@ from uaii.backends.webgpu.ops.dequant import SUPPORTED, UNIT, decoder
 from uaii.backends.webgpu.ops.linalg import gemv_params, gemv_source, threads_per_row
 from uaii.backends.webgpu.program import Region, bind, padded, split_groups
 from uaii.ir import DType
-
-_F16_FIELDS = {DType.Q2_K: (80, 82), DType.Q3_K: (108,), DType.Q5_K: (0, 2), DType.Q5_1: (0, 2)}
-
-
-def weight_bytes(dtype: DType, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """Packed bytes of a random [n, k] weight of ``dtype`` (quantized by uaii.kernels where it can; types it cannot
-    produce get random blocks with finite f16 scales)."""
-    from uaii.kernels import QUANT_TYPES, quantize
-
-    rng = np.random.default_rng(seed)
-    if dtype in QUANT_TYPES:
-        return quantize(rng.uniform(-1, 1, size=(n, k)).astype(np.float32), dtype)
-    nb = n * k // dtype.block_size
-    raw = rng.integers(0, 256, size=(nb, dtype.type_size), dtype=np.uint8)
-    for off in _F16_FIELDS.get(dtype, ()):
-        raw[:, off + 1] &= 0x1F  # exponent below 8: small finite scales
-    return raw.reshape(-1)
+from uaii.kernels import random_weight
 
 
 def _storage(dev: GpuDevice, raw: np.ndarray) -> Any:
@@ -63,7 +47,7 @@ def gemv_bandwidth(dev: GpuDevice, dtype: DType | str, n: int, k: int, reps: int
     if dt not in SUPPORTED or k % max(dt.block_size, UNIT):
         raise BackendError(f"[backend] webgpu: gemv_bandwidth needs a decodable type and k a multiple of its "
                            f"block; got {dt.value}, k={k}")
-    raw = weight_bytes(dt, n, k)
+    raw = random_weight(dt, n, k)
     row_bytes = dt.nbytes(k)
     rows = max(1, min(n, dev.max_binding // row_bytes))
     tpr = threads_per_row(k // UNIT)
@@ -105,4 +89,4 @@ def copy_bandwidth(dev: GpuDevice, nbytes: int, reps: int = 50) -> float:
     return reps * 2 * nbytes / seconds / 1e9
 
 
-__all__ = ["copy_bandwidth", "gemv_bandwidth", "weight_bytes"]
+__all__ = ["copy_bandwidth", "gemv_bandwidth"]
