@@ -604,6 +604,29 @@ def test_a_launch_reading_past_its_buffer_fails(host: HostDevice) -> None:
         dev.synchronize()
 
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["sequential", "threaded"])
+def test_a_misaligned_access_fails_the_launch_as_on_a_gpu(threaded: bool) -> None:
+    """x86 reads a float at an odd address, a GPU faults (CUDA_ERROR_MISALIGNED_ADDRESS): both host builds check
+    every access's alignment and the launch says which kernel, where and what."""
+    dev = HostDevice(kernels="all" if threaded else "compiled")
+    try:
+        x, w, y = dev.upload(np.arange(40, dtype=np.float32)), dev.upload(np.ones(32, np.float32)), dev.alloc(256)
+
+        def launch(xp: int) -> None:
+            if threaded:
+                dev.launch("ops", "rms_norm", geometry.norm(1), Ptr(xp), w, y, Int(32), Flt(1e-6), Int(0))
+            else:
+                dev.launch("ops", "add", geometry.elementwise(8), Ptr(xp), w, y, Long(8))
+            dev.synchronize()
+        with pytest.raises(BackendError, match=rf"{'rms_norm' if threaded else 'add'}: a 4-byte access at the "
+                                               r"misaligned address 0x[0-9a-f]+ \(ops.cu:\d+\): a GPU faults there"):
+            launch(x.ptr + 2)
+        launch(x.ptr)  # aligned: runs, and the failure above left nothing behind
+        assert dev.compiled_launches == 2
+    finally:
+        dev.close()
+
+
 def test_the_host_builds_cover_every_kernel_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """host_kernels builds every kernel of the modules: the thread-local ones sequentially, the warp- and
     block-level ones only in the threaded build (asked for explicitly: it is slow); a build is cached under the

@@ -15,6 +15,8 @@ one static array (a block at a time). That is exact for these kernels (their shu
 every thread of a warp or block) and slow — thousands of threads per launch — so ``kernels="all"`` uses it (the
 kernel tests), ``kernels="compiled"`` not (model runs: those launches go through their references).
 
+What it shows beyond the values: a load or store at a misaligned address, which x86 performs and a GPU faults on
+(both builds are compiled with ``-fsanitize=alignment``; the launch raises BackendError naming the source line).
 What it cannot show: races between threads, and speed. The math library is the host's (expf, erff, tanhf, sincos:
 within an ulp or two of CUDA's). Builds are cached under ``$UAII_CACHE_DIR/cuda-host`` keyed by the sources' digest,
 like NVRTC's CUBINs.
@@ -63,8 +65,32 @@ static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (signed char)(a >> (8 * i)) * (signed char)(b >> (8 * i));
     return c;
 }
+/* -fsanitize=alignment calls this on a load or store through a misaligned pointer (the layout is the sanitizer
+ * ABI's TypeMismatchData, v1): the first one is kept for uk_misaligned, which the host reports */
+struct uk_ubsan_loc { const char *file; unsigned line, column; };
+struct uk_ubsan_mismatch { uk_ubsan_loc loc; const void *type; unsigned char log_align, kind; };
+static uk_ubsan_loc uk_bad_loc;
+static unsigned long long uk_bad_ptr;
+static int uk_bad_align, uk_bad;
+extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismatch_v1(void *data, void *ptr) {
+    if (__atomic_exchange_n(&uk_bad, 1, __ATOMIC_SEQ_CST) == 0) {
+        const uk_ubsan_mismatch *d = (const uk_ubsan_mismatch *)data;
+        uk_bad_loc = d->loc;
+        uk_bad_ptr = (unsigned long long)ptr;
+        uk_bad_align = 1 << d->log_align;
+    }
+}
+extern "C" int uk_misaligned(const char **file, unsigned *line, unsigned long long *ptr, int *align) {
+    if (!uk_bad) return 0;
+    *file = uk_bad_loc.file; *line = uk_bad_loc.line; *ptr = uk_bad_ptr; *align = uk_bad_align;
+    uk_bad = 0;
+    return 1;
+}
 """
-"""The CUDA built-ins the kernels use, for the host compiler (both builds)."""
+"""The CUDA built-ins the kernels use, for the host compiler (both builds), and the handler of the alignment check:
+a GPU faults on a load or store of a misaligned address (CUDA_ERROR_MISALIGNED_ADDRESS) where x86 reads it
+without complaint, so both builds are compiled with ``-fsanitize=alignment`` (the handler above, not the sanitizer's
+runtime) and every launch on the host ends with a BackendError naming the first misaligned access, if any."""
 
 SHIM = r"""
 #include <math.h>
@@ -180,9 +206,13 @@ def _wrapper(kernel: str, params: list[tuple[str, str]], threaded: bool = False)
     return body, head.removeprefix('extern "C" ') + ";"
 
 
+FLAGS = ("-O2", "-ffp-contract=off", "-w", "-fsanitize=alignment")
+"""The host compiler's options for both builds (part of a build's digest)."""
+
+
 def _digest(flavour: str) -> str:
     shim, modules, names = _FLAVOURS[flavour]
-    h = hashlib.sha256(shim.encode())
+    h = hashlib.sha256(shim.encode() + " ".join(FLAGS).encode())
     for name in (*HEADERS, *(f"{m}.cu" for m in modules)):
         h.update(name.encode() + b"\0" + source(name).encode() + b"\0")
     h.update(",".join(names()).encode())
@@ -209,10 +239,10 @@ def _library(flavour: str = "sequential") -> Any:
                 sources.append(body)
                 decls.append(decl)
     ffi = FFI()
-    ffi.cdef("\n".join(decls))
+    ffi.cdef("\n".join(decls) + "\nint uk_misaligned(const char **, unsigned *, unsigned long long *, int *);")
     if built is None:
         code = shim + "".join(f'#include "{m}.cu"\n' for m in modules) + "\n".join(sources)
-        flags = ["-O2", "-ffp-contract=off", "-w", *(["-std=c++20", "-pthread"] if threaded else [])]
+        flags = [*FLAGS, *(["-std=c++20", "-pthread"] if threaded else [])]
         with tempfile.TemporaryDirectory(dir=out) as tmp:
             ffi.set_source(tag, code, source_extension=".cpp", include_dirs=[str(_kernels_dir())],
                            extra_compile_args=flags, extra_link_args=["-pthread"] if threaded else [])
@@ -245,6 +275,12 @@ def host_kernel(kernel: str, threaded: bool = False) -> Callable[[Any, tuple[Any
         ptrs = set(i for i, k in enumerate(_kinds(kernel)) if k == "p")
         args = [ffi.cast("void *", int(v)) if i in ptrs else v for i, v in enumerate(values)]
         fn(*at.grid, *at.block, *args)
+        file, line, ptr, align = (ffi.new("const char **"), ffi.new("unsigned *"), ffi.new("unsigned long long *"),
+                                  ffi.new("int *"))
+        if mod.lib.uk_misaligned(file, line, ptr, align):
+            where = f"{Path(ffi.string(file[0]).decode()).name}:{line[0]}"
+            raise BackendError(f"[cuda-host] {kernel}: a {align[0]}-byte access at the misaligned address "
+                               f"{ptr[0]:#x} ({where}): a GPU faults there (CUDA_ERROR_MISALIGNED_ADDRESS)")
     return run
 
 
