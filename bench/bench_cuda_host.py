@@ -54,6 +54,7 @@ def host_time(path: Path, steps: int) -> dict[str, Any]:
     """Microseconds of host time per decode step, replayed and launched kernel by kernel, and the launches a step
     queues."""
     from uaii.backends.cuda.backend import CudaBackend
+    from uaii.backends.testing import greedy_steps
     from uaii.loaders import load_model
     from uaii.storage import MmapStore
 
@@ -71,15 +72,13 @@ def host_time(path: Path, steps: int) -> dict[str, Any]:
             dev.launch = counted  # type: ignore[method-assign]
             exe = CudaBackend(device=dev).compile(model.graph, None, store, max_tokens=16, cuda_graphs=graphs)
             try:
-                state = exe.new_state(steps + 16)
-                first = state.reserve(5)
-                exe.run({"tokens": np.arange(1, 6), "positions": np.arange(first, first + 5)}, state)
-                for _ in range(2):  # the eager run and the capture
-                    exe.run({"tokens": np.array([7]), "positions": np.array([state.reserve(1)])}, state)
+                run = greedy_steps(exe, exe.new_state(steps + 16), [1, 2, 3, 4, 5])
+                for _ in range(3):  # the prompt, the eager run and the capture
+                    next(run)
                 calls[0] = 0
                 start = time.perf_counter()
                 for _ in range(steps):
-                    exe.run({"tokens": np.array([7]), "positions": np.array([state.reserve(1)])}, state)
+                    next(run)
                 per = (time.perf_counter() - start) / steps
             finally:
                 exe.close()

@@ -315,6 +315,7 @@ def graphs_row(path: Path, label: str, quick: bool) -> dict[str, Any]:
     import numpy as np
 
     from uaii.backends import get_backend
+    from uaii.backends.testing import greedy_steps
     from uaii.loaders import load_model
     from uaii.storage import MmapStore
 
@@ -327,16 +328,10 @@ def graphs_row(path: Path, label: str, quick: bool) -> dict[str, Any]:
         for graphs in (False, True):
             exe = backend.compile(model.graph, None, store, max_tokens=16, cuda_graphs=graphs)
             try:
-                state = exe.new_state(steps + 16)
-                prompt = [1, 2, 3, 4, 5]
-                first = state.reserve(len(prompt))
-                logits = exe.run({"tokens": np.array(prompt), "positions": np.arange(first, first + 5)}, state)
-                seq = [int(np.argmax(logits["logits"][-1]))]
-                for i in range(steps + 2):  # the first two: the eager run and the capture
-                    if i == 2:
-                        start = time.perf_counter()
-                    logits = exe.run({"tokens": np.array(seq[-1:]), "positions": np.array([state.reserve(1)])}, state)
-                    seq.append(int(np.argmax(logits["logits"][-1])))
+                run = greedy_steps(exe, exe.new_state(steps + 16), [1, 2, 3, 4, 5])
+                seq = [int(np.argmax(next(run)[-1])) for _ in range(3)]  # the prompt, the eager run, the capture
+                start = time.perf_counter()
+                seq += [int(np.argmax(next(run)[-1])) for _ in range(steps)]
                 out["graph_tok_s" if graphs else "launch_tok_s"] = steps / (time.perf_counter() - start)
                 tokens[graphs] = seq
                 if graphs:

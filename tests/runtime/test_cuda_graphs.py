@@ -10,6 +10,7 @@ allocation, work on another stream) raises. The same decode on a device runs whe
 from __future__ import annotations
 
 import ctypes
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from uaii.backends.base import BackendError
 from uaii.backends.cuda import geometry
 from uaii.backends.cuda.backend import CudaBackend
 from uaii.backends.cuda.host import HostDevice
+from uaii.backends.testing import greedy_steps
 
 Long = ctypes.c_longlong
 
@@ -53,13 +55,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, A
 
 def greedy(exe: Any, state: Any, prompt: list[int], steps: int) -> list[np.ndarray]:
     """The logits of the prompt and of ``steps`` greedy decode steps after it."""
-    first = state.reserve(len(prompt))
-    out = [exe.run({"tokens": np.array(prompt), "positions": np.arange(first, first + len(prompt))}, state)["logits"]]
-    for _ in range(steps):
-        token = int(np.argmax(out[-1][-1]))
-        out.append(exe.run({"tokens": np.array([token]), "positions": np.array([state.reserve(1)])},
-                           state)["logits"])
-    return out
+    return list(itertools.islice(greedy_steps(exe, state, prompt), steps + 1))
 
 
 def decode(dev: Any, model: Any, store: Any, steps: int, *, graphs: bool, **compile: Any) -> tuple[list[np.ndarray],

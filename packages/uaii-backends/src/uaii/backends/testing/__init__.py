@@ -14,7 +14,7 @@ reported as skipped with that reason instead of failing. Ops of the registry wit
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,5 +140,18 @@ def run_conformance(backend: Any, ops: Iterable[str] | None = None) -> Conforman
     return report
 
 
-__all__ = ["F32", "LOW", "Q8_ACT", "Case", "CaseResult", "ConformanceReport", "cases", "run_case",
+def greedy_steps(exe: Any, state: Any, prompt: Sequence[int]) -> Iterator[np.ndarray]:
+    """The logits of ``prompt``, then of one greedy decode step after another for as long as the caller iterates:
+    how a test or a benchmark drives a compiled language model (an Executable with ``tokens`` and ``positions``
+    inputs and a ``logits`` output) and its KV state without a Session — the caller times or compares the steps."""
+    first = state.reserve(len(prompt))
+    logits = exe.run({"tokens": np.asarray(prompt), "positions": np.arange(first, first + len(prompt))},
+                     state)["logits"]
+    while True:
+        yield logits
+        token = int(np.argmax(logits[-1]))
+        logits = exe.run({"tokens": np.array([token]), "positions": np.array([state.reserve(1)])}, state)["logits"]
+
+
+__all__ = ["F32", "LOW", "Q8_ACT", "Case", "CaseResult", "ConformanceReport", "cases", "greedy_steps", "run_case",
            "run_conformance"]
