@@ -249,3 +249,23 @@ def test_a_capture_the_device_refuses_is_said_and_the_steps_run(synthetic: tuple
     for got_run in (got, again):
         for a, b in zip(got_run, want, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_launching_steps_build_each_attention_layers_launches_once(synthetic: tuple[Any, Any],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without graphs every run queues its kernels from Python: the attention launches (geometry, table addresses,
+    arguments) are made once per layer and context size, not per run — and the same tokens come out."""
+    from uaii.backends.cuda import lower
+
+    built: list[int] = []
+    real = lower.Binder._attention_launches
+
+    def counted(self: Any, *args: Any, **kw: Any) -> Any:
+        built.append(args[5])  # s_max
+        return real(self, *args, **kw)
+    model, store = synthetic
+    want, _ = decode(HostDevice(), model, store, 6, graphs=False)
+    monkeypatch.setattr(lower.Binder, "_attention_launches", counted)
+    got, _ = decode(HostDevice(), model, store, 6, graphs=False)
+    assert len(built) == 2 * 4  # the prompt's binding and the decode step's, 4 layers each, one context size
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))

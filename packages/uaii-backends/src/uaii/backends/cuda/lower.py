@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -69,6 +70,22 @@ def _broadcast_run(b: tuple[int, ...], out: tuple[int, ...]) -> tuple[int | None
 def _on_rows(launch: Callable[[int, int, int], None], piece: Piece) -> Callable[[int], None]:
     """``launch`` over the rows a piece holds, at the staging slot's address."""
     return lambda slot: launch(slot, piece.start, piece.stop - piece.start)
+
+
+AttentionLaunches = list[tuple[str, geometry.Launch, tuple[Any, ...]]]
+"""The attention kernels of one run, (kernel, launch, arguments) in order."""
+
+
+@dataclass
+class AttentionPlan:
+    """One attention node's launches at one context size: rows per chunk, the scores' and the whole scratch's
+    bytes, and the launches made for the scratch at ``scores``."""
+
+    chunk: int
+    scores_bytes: int
+    scratch_bytes: int
+    scores: int = -1
+    launches: AttentionLaunches = field(default_factory=list)
 
 
 class AttentionMask(NamedTuple):
@@ -363,45 +380,72 @@ class Binder:
         self._attention_over_values(info)
 
     def _launch_attention(self, info: NodeInfo, rows: int, tables: int, at_t: dict[str, int], layer: int,
-                          s_max: int, mask: AttentionMask | None = None) -> None:
+                          s_max: int, mask: AttentionMask | None = None,
+                          plans: dict[int, AttentionPlan] | None = None) -> None:
         """The attention kernels over ``rows`` query rows whose per-row tables are at ``tables`` (laid out as
         :func:`table_layout` with ``at_t``; keys and values of table column ``layer``), in chunks of rows whose
         scores fit SCORES_BYTES (and the grid's y/z limit); with the node's ``mask`` applied to the scores between
         the first two (attn_mask); the weighted sums over stretches of keys when a chunk has few (row, head) pairs
-        (geometry.attention); queued on the compute stream now (called by a step, or at bind time)."""
+        (geometry.attention); queued on the compute stream now (called by a step, or at bind time). The launches
+        depend on ``s_max`` and the scratch's address only: a step passes ``plans`` to keep them by ``s_max``, so
+        that a run that is not a graph replay recomputes nothing but the scratch's address."""
+        plan = plans.get(s_max) if plans is not None else None
+        if plan is None:
+            hq = int(self.types[info.node.inputs[0]].shape[-2])
+            hkv, dv = int(self.types[info.node.inputs[1]].shape[-2]), int(self.types[info.node.inputs[2]].shape[-1])
+            chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max), geometry.MAX_GRID_YZ))
+            partial = max(geometry.attention(c, hq, hkv, s_max, dv).partial_bytes
+                          for c in {chunk, rows % chunk or chunk})
+            scores_bytes = -(-4 * chunk * hq * s_max // 256) * 256
+            plan = AttentionPlan(chunk, scores_bytes, scores_bytes + partial)  # partial sums after the scores
+        scores = self.exe.scores(plan.scratch_bytes)
+        if plan.scores != scores:  # first run, or the scratch moved
+            plan.launches = self._attention_launches(info, rows, tables, at_t, layer, s_max, mask, plan.chunk,
+                                                     scores, plan.scores_bytes)
+            plan.scores = scores
+            if plans is not None:
+                if len(plans) >= 8:  # contexts that grew: the old sizes never come back
+                    plans.clear()
+                plans[s_max] = plan
+        dev, stream = self.dev, self.exe.stream
+        for kernel, at, args in plan.launches:
+            dev.launch("attention", kernel, at, *args, stream=stream)
+
+    def _attention_launches(self, info: NodeInfo, rows: int, tables: int, at_t: dict[str, int], layer: int,
+                            s_max: int, mask: AttentionMask | None, chunk: int, scores: int,
+                            scores_bytes: int) -> AttentionLaunches:
+        """(kernel, launch, arguments) of :meth:`_launch_attention`, in order."""
         node, attrs = info.node, info.attrs
         q, k, v = node.inputs[:3]
         hq, d = int(self.types[q].shape[-2]), int(self.types[q].shape[-1])
         hkv, dv = int(self.types[k].shape[-2]), int(self.types[v].shape[-1])
         scale = float(attrs["scale"]) or 1.0 / math.sqrt(d)
         window, sinks, softcap = int(attrs["sliding_window"]), int(attrs["sinks"]), float(attrs["softcap"])
-        pq, py, dev, stream = self.a(q), self.a(node.outputs[0]), self.dev, self.exe.stream
-        chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max), geometry.MAX_GRID_YZ))
-        partial = max(geometry.attention(c, hq, hkv, s_max, dv).partial_bytes for c in {chunk, rows % chunk or chunk})
-        scores_bytes = -(-4 * chunk * hq * s_max // 256) * 256
-        scores = self.exe.scores(scores_bytes + partial)  # the stretches' partial sums after the scores
+        pq, py = self.a(q), self.a(node.outputs[0])
+        out: AttentionLaunches = []
         for r0 in range(0, rows, chunk):
             rc = min(chunk, rows - r0)
             at = geometry.attention(rc, hq, hkv, s_max, dv)
             kcp, vcp = tables + at_t["k"] + 8 * (layer * rows + r0), tables + at_t["v"] + 8 * (layer * rows + r0)
             f16, used = tables + at_t["f16"] + 4 * r0, tables + at_t["used"] + 8 * r0
             qpos, kpos = tables + at_t["qpos"] + 4 * r0, tables + at_t["kpos"] + 8 * r0
-            dev.launch("attention", "attn_scores", at.scores, c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16),
-                       c_p(used), c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d), c_f(scale), c_f(softcap),
-                       c_int(window), c_int(sinks), c_p(scores), c_ll(s_max), stream=stream)
+            out.append(("attn_scores", at.scores, (c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16), c_p(used),
+                                                   c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d),
+                                                   c_f(scale), c_f(softcap), c_int(window), c_int(sinks),
+                                                   c_p(scores), c_ll(s_max))))
             if mask is not None:
-                dev.launch("attention", "attn_mask", at.mask, c_p(scores), c_p(used), c_p(mask.ptr),
-                           c_int(int(mask.additive)), c_p(mask.rows + 8 * r0), c_ll(mask.h_stride),
-                           c_ll(mask.key_stride), c_int(hq), c_ll(s_max), stream=stream)
-            dev.launch("attention", "attn_softmax", at.softmax, c_p(scores), c_p(used), c_p(0), c_int(hq),
-                       c_ll(s_max), stream=stream)
+                out.append(("attn_mask", at.mask, (c_p(scores), c_p(used), c_p(mask.ptr), c_int(int(mask.additive)),
+                                                   c_p(mask.rows + 8 * r0), c_ll(mask.h_stride),
+                                                   c_ll(mask.key_stride), c_int(hq), c_ll(s_max))))
+            out.append(("attn_softmax", at.softmax, (c_p(scores), c_p(used), c_p(0), c_int(hq), c_ll(s_max))))
             y = py + 4 * r0 * hq * dv
-            dev.launch("attention", "attn_wsum", at.wsum, c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq),
-                       c_int(hkv), c_int(dv), c_ll(s_max), c_int(at.splits),
-                       c_p(scores + scores_bytes if at.splits > 1 else y), stream=stream)
+            out.append(("attn_wsum", at.wsum, (c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq), c_int(hkv),
+                                               c_int(dv), c_ll(s_max), c_int(at.splits),
+                                               c_p(scores + scores_bytes if at.splits > 1 else y))))
             if at.splits > 1:
-                dev.launch("attention", "attn_wsum_sum", at.wsum_sum, c_p(scores + scores_bytes), c_int(hq),
-                           c_int(dv), c_int(at.splits), c_p(y), stream=stream)
+                out.append(("attn_wsum_sum", at.wsum_sum, (c_p(scores + scores_bytes), c_int(hq), c_int(dv),
+                                                           c_int(at.splits), c_p(y))))
+        return out
 
     def _cached_attention(self, info: NodeInfo) -> None:
         """New keys and values into the run's state(s) at their ``used`` slots (kv_store), then attention over
@@ -428,12 +472,13 @@ class Binder:
         seq_rows = 1 if batched else n
         kv_f16, used = tables + at["f16"], tables + at["used"]
         stores = [(src, width, tables + at[col] + 8 * layer * n) for src, width, col in ((pk, wk, "k"), (pv, wv, "v"))]
+        plans: dict[int, AttentionPlan] = {}
 
         def step(ctx: RunContext) -> None:
             for src, width, caches in stores:  # every row's cache, slot and f16 flag come from the tables
                 dev.launch("attention", "kv_store", geometry.elementwise(n * width), c_p(src), c_ll(width), c_int(n),
                            c_int(width), c_p(caches), c_p(used), c_p(kv_f16), c_int(seq_rows), stream=stream)
-            self._launch_attention(info, n, tables, at, layer, max(s.capacity for s in ctx.states))
+            self._launch_attention(info, n, tables, at, layer, max(s.capacity for s in ctx.states), plans=plans)
         self.steps.append(device_step(step))
 
     def _attention_over_values(self, info: NodeInfo) -> None:
@@ -466,7 +511,9 @@ class Binder:
         tables = self.dev.upload(host)
         self.owned.append(tables)
         mask = self._attention_mask(info, (*batch, hq, t, s))
-        self.steps.append(device_step(lambda ctx: self._launch_attention(info, rows, int(tables.ptr), at, 0, s, mask)))
+        plans: dict[int, AttentionPlan] = {}
+        self.steps.append(device_step(lambda ctx: self._launch_attention(info, rows, int(tables.ptr), at, 0, s, mask,
+                                                                         plans)))
 
     def _present(self, info: NodeInfo, slot: int, past: str, new: str) -> int:
         """Address of concat(past, new) along the sequence axis, [..., s, heads, dim]: written into the node's present
