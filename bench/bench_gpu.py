@@ -228,10 +228,11 @@ CUDA_TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
 CUDA_SHAPES = [("4096x4096", 4096, 4096), ("14336x4096", 14336, 4096), ("152064x5120", 152064, 5120)]
 
 
-def measure_cuda(quick: bool, models: bool = True) -> dict[str, Any] | None:
+def measure_cuda(quick: bool, models: bool = True, kernels: bool = True) -> dict[str, Any] | None:
     """The CUDA backend's kernels on the first CUDA device: device-to-device copy GB/s and GEMV GB/s per type and
     shape (weight bytes read per second, uaii.backends.cuda.measure) with their ratio to the copy (issue #18's goal
-    for Q4 types: >= 0.7). None, said on stderr, without cuda-bindings or a device."""
+    for Q4 types: >= 0.7). None, said on stderr, without cuda-bindings or a device. ``kernels`` False: the copy
+    bandwidths only (what the models' streaming row is compared with)."""
     try:
         from uaii.backends.cuda import measure
         from uaii.backends.cuda.device import CudaDevice, device_count
@@ -249,12 +250,12 @@ def measure_cuda(quick: bool, models: bool = True) -> dict[str, Any] | None:
         copy = measure.copy_bandwidth(dev, 256 * MiB, 20)
         h2d = measure.h2d_bandwidth(dev, 256 * MiB, 10)
         rows = []
-        for t in types:
+        for t in types if kernels else []:
             for name, n, k in shapes:
                 gb = measure.gemv_bandwidth(dev, DType(t), n, k, 20)
                 rows.append({"type": t, "shape": name, "gb_s": gb, "x_copy": gb / copy})
         mmq = [{"type": t, "shape": "4096x4096", "rows": m, "tops": measure.mmq_rate(dev, DType(t), 4096, 4096, m)}
-               for t in types for m in (64, 512)]
+               for t in (types if kernels else []) for m in (64, 512)]
         out = {"device": dev.name, "capability": list(dev.capability), "arch": dev.arch, "copy_gb_s": copy,
                "h2d_gb_s": h2d, "gemv": rows, "mmq": mmq, "date": datetime.date.today().isoformat()}
     print(f"CUDA: {out['device']} ({out['arch']}), {out['date']}; device-to-device copy (bytes read + written) "
@@ -263,6 +264,8 @@ def measure_cuda(quick: bool, models: bool = True) -> dict[str, Any] | None:
         print(f"  GEMV {r['type']:5s} {r['shape']:12s} {r['gb_s']:7.0f} GB/s  {r['x_copy']:.2f}x copy")
     for r in mmq:
         print(f"  int8 GEMM {r['type']:5s} {r['shape']} x {r['rows']:3d} rows {r['tops']:6.1f} TOPS")
+    if not kernels:
+        return out if not models else _cuda_streaming(out, h2d, quick)
     try:
         out["synthetic_streaming"] = synthetic_streaming(h2d, quick)
     except Exception as exc:  # gguf not installed, no disk room: that row's error, the rest stands
@@ -273,8 +276,11 @@ def measure_cuda(quick: bool, models: bool = True) -> dict[str, Any] | None:
     except Exception as exc:
         out["graphs"] = {"error": first_line(exc)}
         print(f"  CUDA graphs: not measured ({first_line(exc)})")
-    if not models:
-        return out
+    return _cuda_streaming(out, h2d, quick) if models else out
+
+
+def _cuda_streaming(out: dict[str, Any], h2d: float, quick: bool) -> dict[str, Any]:
+    """SmolLM2 under a 24 MiB device budget (streaming_row) into ``out``."""
     try:
         out["streaming"] = streaming_row(model_path("smollm2"), MODELS["smollm2"], h2d, quick, 24 * MiB)
     except Exception as exc:  # no model file on this machine (a lent GPU reaches no hub), or a failed run
@@ -382,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few types and shapes, 32-token prompt, 8 tokens")
     ap.add_argument("--models", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
     ap.add_argument("--no-models", action="store_true", help="GEMV and copy bandwidth only")
-    ap.add_argument("--no-gemv", action="store_true", help="the models only")
+    ap.add_argument("--no-gemv", action="store_true", help="the models only (with --cuda-only: the copy bandwidths "
+                    "and the models on cuda)")
     ap.add_argument("--prompt-tokens", type=int, default=None)
     ap.add_argument("--gen-tokens", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per model and device")
@@ -395,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    cuda = None if args.no_gemv else measure_cuda(args.quick, models=not args.no_models)
+    cuda = (None if args.no_gemv and not args.cuda_only
+            else measure_cuda(args.quick, models=not args.no_models, kernels=not args.no_gemv))
     if cuda is not None and not args.no_models:
         cuda["models"] = model_rows(keys, prompt, gen, args.timeout, model_path, devices=("cuda",))
         for r in cuda["models"]:
