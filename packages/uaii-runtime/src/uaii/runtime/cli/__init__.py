@@ -33,8 +33,18 @@ def main(argv: Sequence[str] | None = None, **kwargs: Any) -> int:
         return run(argv, **kwargs)
 
 
-def _interrupt_soon() -> None:
-    time.sleep(0.002)
+def _interrupt_soon(hook: Any) -> None:
+    """SIGINT for the main thread once it has left ``hook`` (a KeyboardInterrupt raised while it is still inside,
+    starting this thread, say, would be swallowed again): its stack is looked at every millisecond, up to a second
+    (a slow machine can keep it there longer than any fixed pause)."""
+    main = threading.main_thread().ident
+    for _ in range(1000):
+        frame = sys._current_frames().get(main) if main is not None else None
+        while frame is not None and frame.f_code is not hook:
+            frame = frame.f_back
+        if frame is None:
+            break
+        time.sleep(0.001)
     _thread.interrupt_main()
 
 
@@ -49,8 +59,9 @@ def redelivered_interrupts() -> Iterator[None]:
 
     def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            # from another thread, a moment later: raised here, in the hook, it would be swallowed again
-            threading.Thread(target=_interrupt_soon, name="uaii-redeliver-sigint", daemon=True).start()
+            # from another thread, once this hook has returned: raised in it, it would be swallowed again
+            threading.Thread(target=_interrupt_soon, args=(hook.__code__,), name="uaii-redeliver-sigint",
+                             daemon=True).start()
             return
         previous(unraisable)
 
