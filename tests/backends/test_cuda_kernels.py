@@ -27,7 +27,7 @@ import uaii.kernels as K
 from uaii.backends.base import BackendError
 from uaii.backends.cuda import geometry
 from uaii.backends.cuda.device import arch_for, device_count
-from uaii.backends.cuda.nvrtc import cache_key, compile_module, nvrtc_version, write_atomic
+from uaii.backends.cuda.nvrtc import cache_key, compile_module, nvrtc_version, resources, write_atomic
 from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, MODULES, TYPES, source
 from uaii.ir import DType
 from uaii.kernels.testing import random_weight
@@ -58,6 +58,24 @@ def test_every_module_compiles_and_defines_its_kernels(name: str, arch: str,
     assert compiled.cubin[:4] == b"\x7fELF" and not compiled.cached
     missing = [k for k in MODULES[name].kernels if k.encode() + b"\0" not in compiled.cubin]
     assert not missing, f"{name}.cu for {arch} does not define {missing[:5]}"
+
+
+MAX_REGISTERS = 128
+"""Registers per thread a kernel may take: at least 16 warps an SM (65536 registers), where 255 (attn_scores once,
+all its loads in flight at once) left 4 — the latency a load waits is hidden by the warps an SM can switch to."""
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_kernel_spills_or_takes_more_than_128_registers(name: str, arch: str) -> None:
+    got = resources(name, arch)
+    assert set(got) == set(MODULES[name].kernels)
+    spilled = {k: r.spill_bytes for k, r in got.items() if r.spill_bytes}
+    assert not spilled, f"{name}.cu for {arch}: kernels spill registers to local memory: {spilled}"
+    heavy = {k: r.registers for k, r in got.items() if r.registers > MAX_REGISTERS}
+    assert not heavy, f"{name}.cu for {arch}: more than {MAX_REGISTERS} registers a thread: {heavy}"
+    assert all(r.shared_bytes <= 48 << 10 for r in got.values())
 
 
 @needs_nvrtc

@@ -10,6 +10,7 @@ directory and renamed into place, so a crash or a concurrent compile never leave
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,7 @@ def compile_module(name: str, arch: str, *, use_cache: bool = True) -> Compiled:
     path = cache_dir() / f"{cache_key(module, arch, nvrtc_version())}.cubin"
     if use_cache and path.is_file():
         return Compiled(module, arch, path.read_bytes(), True)
-    cubin = _compile(module, arch)
+    cubin = _compile(module, arch)[0]
     if use_cache:
         write_atomic(path, cubin)
     return Compiled(module, arch, cubin, False)
@@ -88,14 +89,46 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _compile(module: Module, arch: str) -> bytes:
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports of one kernel: registers per thread, static shared memory, stack frame and spilled bytes
+    (stores + loads to local memory). Registers bound how many blocks an SM holds (65536 a SM), spills cost every
+    thread memory traffic: the tests hold both to limits (tests/backends/test_cuda_kernels.py)."""
+
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_bytes: int
+
+
+_RESOURCES = re.compile(r"Function properties for (\w+)\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                        r"(\d+) bytes spill loads\n[^\n]*?Used (\d+) registers(?:, used \d+ barriers)?"
+                        r"(?:, (\d+) bytes smem)?")
+
+
+def resources(name: str, arch: str) -> dict[str, Resources]:
+    """Each kernel of module ``name`` compiled for ``arch``, as ptxas reports it (a verbose compile, not cached)."""
+    module = MODULES[name]
+    log = _compile(module, arch, verbose=True)[1]
+    out = {m.group(1): Resources(int(m.group(5)), int(m.group(6) or 0), int(m.group(2)),
+                                 int(m.group(3)) + int(m.group(4)))
+           for m in _RESOURCES.finditer(log)}
+    if set(out) != set(module.kernels):
+        raise BackendError(f"[cuda] ptxas reported {sorted(out)} for {module.filename}, which defines "
+                           f"{sorted(module.kernels)}:\n{log}")
+    return out
+
+
+def _compile(module: Module, arch: str, verbose: bool = False) -> tuple[bytes, str]:
+    """The CUBIN, and with ``verbose`` ptxas' report of every kernel (the program log)."""
     nvrtc = _nvrtc()
     hdrs = headers()
     err, prog = nvrtc.nvrtcCreateProgram(source(module.filename).encode(), module.filename.encode(), len(hdrs),
                                          [t.encode() for t in hdrs.values()], [n.encode() for n in hdrs])
     _check(nvrtc, err, f"nvrtcCreateProgram({module.filename})")
     try:
-        opts = [o.encode() for o in (*BASE_OPTIONS, f"--gpu-architecture={arch}", *module.options)]
+        opts = [o.encode() for o in (*BASE_OPTIONS, f"--gpu-architecture={arch}", *module.options,
+                                     *(["--ptxas-options=-v"] if verbose else []))]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise BackendError(f"[cuda] {module.filename} does not compile for {arch}:\n{_log(nvrtc, prog)}")
@@ -104,7 +137,7 @@ def _compile(module: Module, arch: str) -> bytes:
         buf = b" " * size
         (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
         _check(nvrtc, err, "nvrtcGetCUBIN")
-        return bytes(buf)
+        return bytes(buf), _log(nvrtc, prog) if verbose else ""
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
@@ -123,5 +156,5 @@ def _check(nvrtc: Any, err: Any, what: str) -> None:
         raise BackendError(f"[cuda] {what} failed: {err}")
 
 
-__all__ = ["ARCHS", "BASE_OPTIONS", "EXTRA", "Compiled", "cache_dir", "cache_key", "compile_module", "nvrtc_version",
-           "write_atomic"]
+__all__ = ["ARCHS", "BASE_OPTIONS", "EXTRA", "Compiled", "Resources", "cache_dir", "cache_key", "compile_module",
+           "nvrtc_version", "resources", "write_atomic"]

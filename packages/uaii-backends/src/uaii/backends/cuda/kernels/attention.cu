@@ -65,14 +65,19 @@ extern "C" __global__ void attn_scores(const float *q, const void *const *k_cach
     for (int i = 0; i < UK_ATTN_HEADS; i++) acc[i] = 0.0f;
     for (int e0 = 0; e0 < d; e0 += UK_ATTN_DIMS) {
         const int dims = d - e0 < UK_ATTN_DIMS ? d - e0 : UK_ATTN_DIMS;
-        float v[UK_ATTN_KEYS / 4];  /* warp w's keys w, w + 4, ...: every load issued before the first store */
+        /* warp w's keys w, w + 4, ... in two halves, each half's loads issued before its stores: all 32 at once
+           took every register ptxas has (255, two blocks an SM), 16 take 66 */
+#pragma unroll 1
+        for (int b = 0; b < UK_ATTN_KEYS / 4; b += UK_ATTN_KEYS / 8) {
+            float v[UK_ATTN_KEYS / 8];
 #pragma unroll
-        for (int j = 0; j < UK_ATTN_KEYS / 4; j++) {
-            const long long tk = first + warp + 4 * j;
-            v[j] = lane < dims && tk < s ? kv_at(cache, f16, (tk * hkv + kh) * d + e0 + lane) : 0.0f;
+            for (int j = 0; j < UK_ATTN_KEYS / 8; j++) {
+                const long long tk = first + warp + 4 * (b + j);
+                v[j] = lane < dims && tk < s ? kv_at(cache, f16, (tk * hkv + kh) * d + e0 + lane) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < UK_ATTN_KEYS / 8; j++) tile[warp + 4 * (b + j)][lane] = v[j];
         }
-#pragma unroll
-        for (int j = 0; j < UK_ATTN_KEYS / 4; j++) tile[warp + 4 * j][lane] = v[j];
         for (int i = threadIdx.x; i < UK_ATTN_HEADS * UK_ATTN_DIMS; i += UK_ATTN_KEYS) {
             const int hh = i / UK_ATTN_DIMS, e = i % UK_ATTN_DIMS;
             qs[hh][e] = hh < heads && e < dims ? q[((long long)row * hq + h0 + hh) * d + e0 + e] : 0.0f;
