@@ -194,6 +194,57 @@ def test_int8_gemm_against_the_exact_product_and_the_cpus_int8_gemm(dtype: DType
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-3 * float(np.abs(cpu).max()))
 
 
+@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q8_0, DType.Q4_K, DType.Q6_K], ids=lambda t: t.value)
+@pytest.mark.parametrize("x_div", [3, 1], ids=["gate", "down"])
+def test_experts_int8_gemm_multiplies_each_experts_listed_rows(dtype: DType, x_div: int, dev: HostDevice,
+                                                               rng: np.random.Generator) -> None:
+    """moe_group lists each expert's pairs (ascending; an expert nobody chose has none), and mmq_idx gives every
+    pair s the int8 GEMM's row of activation s / x_div with its expert's weights — bit for bit what mmq computes on
+    the same rows (gate and up read a token's row, top_k = 3 pairs to it; down the pair's own). Each token's
+    experts are distinct, as a router's top_k are: expert 1 is every token's (70, more than a tile), 5 nobody's."""
+    e, top_k, n, k, tokens = 6, 3, 40, 256, 70
+    pairs = tokens * top_k
+    experts = np.stack([np.concatenate([[1], rng.choice([0, 2, 3, 4], 2, replace=False)])[rng.permutation(3)]
+                        for _ in range(tokens)]).astype(np.int32).reshape(-1)
+    m = pairs // x_div
+    raw = np.concatenate([random_weight(dtype, n, k, seed=j) for j in range(e)])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    nb, eb = k // 32, dtype.nbytes(n * k)
+    dw, dx, didx = dev.upload(raw), dev.upload(x), dev.upload(experts)
+    dq, dd, ds = dev.alloc(m * k), dev.alloc(4 * m * nb), dev.alloc(4 * m * nb)
+    order, counts = _filled(dev, e * pairs, np.int32), _filled(dev, e, np.int32)
+    dy = _filled(dev, pairs * n)
+    dev.launch("mmq", "quant_act", geometry.elementwise(m * nb), dx, Long(k), Int(m), Int(k), dq, dd, ds)
+    dev.launch("moe", "moe_group", geometry.elementwise(e), didx, Int(pairs), Int(0), Int(e), order, counts)
+    dev.launch("mmq", f"mmq_idx_{TYPES[dtype][1]}", geometry.mmq_idx(n, tokens, e), dw, Long(eb),
+               Long(dtype.nbytes(k)), Int(n), Int(k), dq, dd, ds, Int(x_div), order, counts, Int(pairs), dy, Long(n))
+    got_counts = dev.download(counts, (e,), np.int32)
+    lists = dev.download(order, (e, pairs), np.int32)
+    assert list(got_counts) == [int((experts == j).sum()) for j in range(e)] and got_counts[1] == 70
+    assert got_counts[5] == 0
+    for j in range(e):
+        assert list(lists[j, :got_counts[j]]) == list(np.flatnonzero(experts == j))
+    y = dev.download(dy, (pairs, n), np.float32)
+    # each expert's rows through the plain int8 GEMM on the same device: the same CUDA code, the same bits (the
+    # host's references sum in float64 through BLAS, whose rounding follows the shapes: equal to 1e-6 there)
+    exact = getattr(dev, "kernels", "device") != "reference"
+    for j in range(e):
+        mine = np.flatnonzero(experts == j)
+        if not mine.size:
+            continue
+        c = mine.size
+        rx, rq, rd, rs, ry = dev.upload(x[mine // x_div]), dev.alloc(c * k), dev.alloc(4 * c * nb), \
+            dev.alloc(4 * c * nb), dev.alloc(4 * c * n)
+        dev.launch("mmq", "quant_act", geometry.elementwise(c * nb), rx, Long(k), Int(c), Int(k), rq, rd, rs)
+        dev.launch("mmq", f"mmq_{TYPES[dtype][1]}", geometry.mmq(n, c), dev.upload(raw[j * eb:(j + 1) * eb]),
+                   Long(dtype.nbytes(k)), Int(n), Int(k), rq, rd, rs, Int(c), ry, Long(n))
+        want = dev.download(ry, (c, n), np.float32)
+        if exact:
+            assert np.array_equal(_bits(y[mine]), _bits(want)), j
+        else:
+            np.testing.assert_allclose(y[mine], want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
+
+
 # -------------------------------------------------------------------------------------- row operators
 @pytest.mark.parametrize("unit_offset", [0, 1])
 def test_norms(unit_offset: int, dev: HostDevice, rng: np.random.Generator) -> None:

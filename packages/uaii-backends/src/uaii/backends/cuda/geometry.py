@@ -153,6 +153,17 @@ def mmq(n: int, m: int) -> Launch:
     return Launch((_blocks(n, MMQ_TILE), _blocks(m, MMQ_TILE), 1), (MMQ_SIDE, MMQ_SIDE, 1))
 
 
+def mmq_idx(n: int, rows: int, experts: int) -> Launch:
+    """mmq_idx_<type>: mmq's tiles of MMQ_TILE weight rows (grid x) by MMQ_TILE of an expert's listed rows (grid y,
+    ``rows`` the most any expert can have: a prefill's tokens) for each expert of the bank (grid z)."""
+    if n < 1 or rows < 1 or experts < 1:
+        raise BackendError(f"[cuda] an experts' int8 GEMM needs weight rows, rows and experts, found n = {n}, rows = "
+                           f"{rows}, experts = {experts}")
+    if experts > MAX_GRID_YZ:
+        raise BackendError(f"[cuda] {experts} experts in one bank: past the grid's z limit ({MAX_GRID_YZ})")
+    return Launch((_blocks(n, MMQ_TILE), _blocks(rows, MMQ_TILE), experts), (MMQ_SIDE, MMQ_SIDE, 1))
+
+
 def mmq_tiles(launch: Launch, n: int, m: int) -> list[tuple[int, int, int, int]]:
     """The (weight row, activation row) ranges each block of an mmq launch computes, [r0, r1) x [c0, c1), as the
     kernel clips them (the host's model of the kernel's indexing, for tests)."""
@@ -160,5 +171,5 @@ def mmq_tiles(launch: Launch, n: int, m: int) -> list[tuple[int, int, int, int]]
             for bx in range(launch.grid[0]) for by in range(launch.grid[1])]
 
 
-__all__ = ["Launch", "attention", "count", "elementwise", "gemv", "gemv_pairs", "gemv_splits", "mmq", "mmq_tiles",
-           "norm", "packed_gemv", "pair_chunks"]
+__all__ = ["Launch", "attention", "count", "elementwise", "gemv", "gemv_pairs", "gemv_splits", "mmq", "mmq_idx",
+           "mmq_tiles", "norm", "packed_gemv", "pair_chunks"]

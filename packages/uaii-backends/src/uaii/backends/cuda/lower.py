@@ -735,10 +735,13 @@ class Binder:
             raise self.fail(f"banks {banks[gate][1]}, {banks[up][1]}, {banks[down][1]} are not [E, ff, d] twice and "
                             f"[E, d, ff] (d = {d})")
         k, dev, stream = int(info.attrs["top_k"]), self.dev, self.exe.stream
+        grouped = _GroupedExperts(self, self.a(indices), e, k)
 
         def products(which: int, src: int, ldx: int, x_div: int, dst: int, rows: int, cols: int, pairs: int) -> None:
             bank, pidx = (gate, up, down)[which], self.a(indices)
             dtype = banks[bank][0]
+            if pairs // k > GROUPED_TOKENS and dtype in MMQ_TYPES and bank not in self.exe.streamed:
+                return grouped.products(bank, dtype, src, ldx, x_div, dst, rows, cols, pairs)
             kernel, row_bytes = f"gemv_idx_{TYPES[dtype][1]}", dtype.nbytes(cols)
 
             def launch(pw: int, e0: int, count: int, idx: int = pidx) -> None:
@@ -876,3 +879,63 @@ class Binder:
             return lower_ew.strided_slice(self, x, y, cuts)
         first = sum(lo * st for (lo, _), st in zip(box, lower_ew.contiguous(shape), strict=True))
         self.copy(self.a(y), self.a(x) + 4 * first, self.nbytes(y))
+
+GROUPED_TOKENS = 8
+"""A MoE node over more tokens than this (a prefill) multiplies each expert's rows with the int8 GEMM, the weights read
+once for all the rows that chose it (moe_group + mmq_idx_<type>); fewer take a GEMV per (token, slot) pair, as the
+dense products take the GEMM above 8 rows."""
+
+
+class _GroupedExperts:
+    """The int8 GEMM path of one MoE node's resident banks: each distinct activation (the tokens for gate and up, the
+    pairs for down) quantized once, the pairs listed by expert once (moe_group: the lists of every bank, which all
+    hold the node's n_experts), then one mmq_idx_<type> launch per bank."""
+
+    def __init__(self, b: Binder, idx: int, n_experts: int, top_k: int) -> None:
+        self.b, self.idx, self.n_experts, self.top_k = b, idx, n_experts, top_k
+        self.quantized: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}
+        self.lists: tuple[int, int] | None = None
+
+    def _alloc(self, nbytes: int) -> int:
+        buf = self.b.dev.alloc(nbytes)
+        self.b.owned.append(buf)
+        return int(buf.ptr)
+
+    def _quantized(self, src: int, ldx: int, m: int, k: int) -> tuple[int, int, int]:
+        key = (src, ldx, m, k)
+        if key not in self.quantized:
+            units = k // 32
+            q_bytes, s_bytes = -(-m * k // 256) * 256, -(-4 * m * units // 256) * 256
+            pq = self._alloc(q_bytes + 2 * s_bytes)
+            pd, ps = pq + q_bytes, pq + q_bytes + s_bytes
+            self.b.launch("mmq", "quant_act", geometry.elementwise(m * units), c_p(src), c_ll(ldx), c_int(m),
+                          c_int(k), c_p(pq), c_p(pd), c_p(ps))
+            self.quantized[key] = (pq, pd, ps)
+        return self.quantized[key]
+
+    def _lists(self, pairs: int) -> tuple[int, int]:
+        if self.lists is None:
+            e = self.n_experts
+            order = self._alloc(-(-4 * e * pairs // 256) * 256 + 4 * e)
+            counts = order + -(-4 * e * pairs // 256) * 256
+            self.b.launch("moe", "moe_group", geometry.elementwise(e), c_p(self.idx), c_int(pairs), c_int(0),
+                          c_int(e), c_p(order), c_p(counts))
+            self.lists = (order, counts)
+        return self.lists
+
+    def products(self, bank: str, dtype: DType, src: int, ldx: int, x_div: int, dst: int, rows: int, cols: int,
+                 pairs: int) -> None:
+        """out[s] = W_e x[s / x_div] for every pair s (e its expert), as the per-pair GEMV computes it, with the
+        int8 GEMM on each expert's rows."""
+        pq, pd, ps = self._quantized(src, ldx, pairs // x_div, cols)
+        order, counts = self._lists(pairs)
+        row_bytes, tokens = dtype.nbytes(cols), pairs // self.top_k
+        kernel, dev, stream = f"mmq_idx_{TYPES[dtype][1]}", self.b.dev, self.b.exe.stream
+
+        def launch(pw: int, e0: int, count: int) -> None:
+            assert e0 == 0 and count == self.n_experts  # a resident bank: its lists are the node's
+            dev.launch("mmq", kernel, geometry.mmq_idx(rows, tokens, count), c_p(pw), c_ll(rows * row_bytes),
+                       c_ll(row_bytes), c_int(rows), c_int(cols), c_p(pq), c_p(pd), c_p(ps), c_int(x_div),
+                       c_p(order), c_p(counts), c_int(pairs), c_p(dst), c_ll(rows), stream=stream)
+        self.b.weight_reader(bank, "packed", self.n_experts, launch)
+

@@ -232,23 +232,69 @@ def _mmq(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
     w, row_bytes, n, k, qa, da, sa, m, y, ldy = v
     _need_block(at, f"mmq_{TYPES[dtype][1]}", MMQ_SIDE, MMQ_SIDE)
     rows, cols = max(0, min(n, at.grid[0] * MMQ_TILE)), max(0, min(m, at.grid[1] * MMQ_TILE))
-    units = max(k, 0) // 32
     if rows == 0 or cols == 0:
         return
-    out = np.zeros((cols, rows), F64)
-    if units:
-        aq = _load(mem, qa, np.int8, _offsets(cols * 32 * units, 32 * units, k)).reshape(cols, units, 32)
-        ad = _load(mem, da, F32, np.arange(cols * units)).reshape(cols, units, 1)
-        a_s = _load(mem, sa, F32, np.arange(cols * units)).reshape(cols, units).astype(F64)
-        a_eff = (aq.astype(F64) * ad).reshape(cols, 32 * units)
-        for r in _chunks(rows, units):
-            raw, blocks = _raw_rows(mem, w, dtype, r * row_bytes, units)
-            q, sc, mn = _int_units(dtype, raw)
-            per = q.shape[1]
-            q, sc, mn = (a.reshape(r.size, blocks * per, *a.shape[2:])[:, :units] for a in (q, sc, mn))
-            w_eff = (q.astype(F64) * np.repeat(sc, 16, axis=2)).reshape(r.size, 32 * units)
-            out[:, r[0]:r[-1] + 1] = a_eff @ w_eff.T + a_s @ mn.astype(F64).T
+    out = _int8_product(dtype, mem, w, row_bytes, rows, k, qa, da, sa, np.arange(cols))
     _store(mem, y, F32, _offsets(cols * rows, rows, ldy), out.reshape(-1))
+
+
+def _mmq_idx(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
+    """For each expert e < grid.z of the bank: its first min(counts[e], grid.y * MMQ_TILE) pairs s (order[e * pairs
+    ..]) get y[s, r] = :func:`_mmq`'s product of activation row s / x_div with W_e[r], rows r < grid.x * MMQ_TILE."""
+    bank, expert_bytes, row_bytes, n, k, qa, da, sa, x_div, order, counts, pairs, y, ldy = v
+    _need_block(at, f"mmq_idx_{TYPES[dtype][1]}", MMQ_SIDE, MMQ_SIDE)
+    rows = max(0, min(n, at.grid[0] * MMQ_TILE))
+    if rows == 0:
+        return
+    have = mem.array(counts, np.int32, at.grid[2])
+    for e in range(at.grid[2]):
+        m = min(int(have[e]), at.grid[1] * MMQ_TILE)
+        if m <= 0:
+            continue
+        pair = mem.array(order + 4 * e * pairs, np.int32, m).astype(np.int64)
+        out = _int8_product(dtype, mem, bank + e * expert_bytes, row_bytes, rows, k, qa, da, sa, pair // x_div)
+        _store(mem, y, F32, (pair[:, None] * ldy + np.arange(rows)[None, :]).reshape(-1), out.reshape(-1))
+
+
+def _int8_product(dtype: DType, mem: HostMemory, w: int, row_bytes: int, rows: int, k: int, qa: int, da: int,
+                  sa: int, a_rows: np.ndarray) -> np.ndarray:
+    """[len(a_rows), rows] float64: the activation rows ``a_rows`` (int8 in qa, k apart; their d and s) times the
+    weight rows 0 .. rows at w, row_bytes apart, as mmq_tile sums them."""
+    units = max(k, 0) // 32
+    out = np.zeros((a_rows.size, rows), F64)
+    if not units:
+        return out
+    cells = (a_rows[:, None] * k + np.arange(32 * units)[None, :]).reshape(-1)
+    aq = _load(mem, qa, np.int8, cells).reshape(a_rows.size, units, 32)
+    blocks = (a_rows[:, None] * units + np.arange(units)[None, :]).reshape(-1)
+    ad = _load(mem, da, F32, blocks).reshape(a_rows.size, units, 1)
+    a_s = _load(mem, sa, F32, blocks).reshape(a_rows.size, units).astype(F64)
+    a_eff = (aq.astype(F64) * ad).reshape(a_rows.size, 32 * units)
+    for r in _chunks(rows, units):
+        raw, nblocks = _raw_rows(mem, w, dtype, r * row_bytes, units)
+        q, sc, mn = _int_units(dtype, raw)
+        per = q.shape[1]
+        q, sc, mn = (a.reshape(r.size, nblocks * per, *a.shape[2:])[:, :units] for a in (q, sc, mn))
+        w_eff = (q.astype(F64) * np.repeat(sc, 16, axis=2)).reshape(r.size, 32 * units)
+        out[:, r[0]:r[-1] + 1] = a_eff @ w_eff.T + a_s @ mn.astype(F64).T
+    return out
+
+
+def _moe_group(mem: HostMemory, at: Launch, v: Values) -> None:
+    """Experts e < min(n_experts, grid.x * block.x): the pairs s whose idx[s] == e0 + e, ascending, at order[e *
+    pairs ..], their count at counts[e]."""
+    idx, pairs, e0, n_experts, order, counts = v
+    n = _items(at, n_experts)
+    if n <= 0:
+        return
+    chosen = mem.array(idx, np.int32, pairs) if pairs > 0 else np.zeros(0, np.int32)
+    got = np.empty(n, np.int32)
+    for e in range(n):
+        mine = np.flatnonzero(chosen == e0 + e).astype(np.int32)
+        got[e] = mine.size
+        if mine.size:
+            _store(mem, order, np.int32, e * pairs + np.arange(mine.size), mine)
+    _store(mem, counts, np.int32, np.arange(n), got)
 
 
 # --- row operators -----------------------------------------------------------------------------------------------
@@ -564,8 +610,8 @@ def _table() -> dict[str, Reference]:
         "swiglu": partial(_glu, lambda a: a / (1.0 + np.exp(-a))),
         "geglu": partial(_glu, lambda a, tanh_approx: gelu(a, approximate="tanh" if tanh_approx else "none")),
         "bcast": _bcast, "unary": _unary, "copy_rows": _copy_rows, "layer_norm": _layer_norm,
-        "moe_route": _moe_route, "moe_combine": _moe_combine, "rope": _rope, "attn_scores": _attn_scores,
-        "attn_mask": _attn_mask, "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum,
+        "moe_route": _moe_route, "moe_group": _moe_group, "moe_combine": _moe_combine, "rope": _rope,
+        "attn_scores": _attn_scores, "attn_mask": _attn_mask, "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum,
         "attn_wsum_sum": _attn_wsum_sum, "kv_store": _kv_store,
     }
     for dtype, (_, suffix, _, _) in TYPES.items():
@@ -576,6 +622,7 @@ def _table() -> dict[str, Reference]:
         table[f"gemv_idx_{suffix}"] = partial(_gemv_idx, dtype)
     for dtype in MMQ_TYPES:
         table[f"mmq_{TYPES[dtype][1]}"] = partial(_mmq, dtype)
+        table[f"mmq_idx_{TYPES[dtype][1]}"] = partial(_mmq_idx, dtype)
     from uaii.backends.cuda import reference_ew, reference_packed  # they use this module's memory helpers
 
     return {**table, **reference_ew.TABLE, **reference_packed.TABLE}

@@ -67,10 +67,11 @@ MODULES: dict[str, Module] = {
                       tuple(f"{kind}_{t[1]}" for t in TYPES.values() for kind in ("dequant", "rows"))),
     "ops": Module("ops", (), ("rms_norm", "add_rms_norm", "layer_norm", "swiglu", "geglu", "add", "bcast", "unary",
                               "copy_rows", "rope")),
-    "moe": Module("moe", (), ("moe_route", "moe_combine")),
+    "moe": Module("moe", (), ("moe_route", "moe_group", "moe_combine")),
     "attention": Module("attention", (), ("attn_scores", "attn_mask", "attn_softmax", "attn_wsum",
                                           "attn_wsum_sum", "kv_store")),
-    "mmq": Module("mmq", (), ("quant_act", *(f"mmq_{TYPES[t][1]}" for t in MMQ_TYPES))),
+    "mmq": Module("mmq", (), ("quant_act", *(f"mmq_{TYPES[t][1]}" for t in MMQ_TYPES),
+                              *(f"mmq_idx_{TYPES[t][1]}" for t in MMQ_TYPES))),
     "packed": Module("packed", (), ("pk_gemv", "pk_gemv_idx", "pk_rows")),
     "ew": Module("ew", (), ("binary_f", "binary_i", "compare_f", "compare_i", "unary_i", "where_w", "cast_f",
                             "cast_f2i", "cast_i2f", "cast_i2i", "copy_nd", "gather_w", "trilu_w", "fill_w", "range_f",
@@ -82,6 +83,7 @@ MODULES: dict[str, Module] = {
 _FAMILIES = {
     # kernel (or prefix + "_"): its parameters' C kinds — p a pointer, i int, l long long, f float
     "gemv_": "pliiplpl", "gemv_idx_": "plliiplipiipl", "dequant_": "plp", "rows_": "pllpiplpi", "mmq_": "pliipppipl",
+    "mmq_idx_": "plliipppippipl", "moe_group": "piiipp",
     "quant_act": "pliippp",
     "pk_gemv": "piiiiiippplipl", "pk_gemv_idx": "piiiiiippplipiippl", "pk_rows": "piiiiipppiipipipi",
     "rms_norm": "pppifi", "add_rms_norm": "pppppifi", "swiglu": "pplilp", "geglu": "pplilpi", "add": "pppl",

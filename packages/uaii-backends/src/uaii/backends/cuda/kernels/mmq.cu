@@ -12,7 +12,8 @@
  * matching activation blocks, both into shared memory as 32-bit words (a lane per (row, unit), the units of a row
  * on neighbouring lanes); thread (tx, ty) then owns weight rows
  * ty + 16 i and activation rows tx + 16 j (i, j < 4: 16 accumulators) and adds uk_unit_dot of every pair. Rows past
- * n or m are loaded as zeros and never stored. */
+ * n or m are loaded as zeros and never stored. mmq_idx_<type>: the same tiles over the rows each expert of a bank was
+ * chosen for (a MoE prefill). */
 #include "decode.cuh"
 
 #define MMQ_TILE 64
@@ -29,10 +30,13 @@ extern "C" __global__ void quant_act(const float *__restrict__ x, long long ldx,
     uk_quant_act_block(x + row * ldx + 32 * b, q + row * (long long)k + 32 * b, d + i, s + i);
 }
 
+/* The product of one tile; with ``list`` the tile's rows are a list's entries m0 .. (the rows an expert was chosen
+   for): activation row list[c] / x_div, output row list[c] (mmq_idx_<type>); without, row c both. */
 template <int T>
 __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long row_bytes, int n, int k,
                                          const uk_i8 *__restrict__ qa, const float *__restrict__ da,
-                                         const float *__restrict__ sa, int m, float *__restrict__ y, long long ldy) {
+                                         const float *__restrict__ sa, int m, float *__restrict__ y, long long ldy,
+                                         const int *__restrict__ list = nullptr, int x_div = 1) {
     __shared__ int wq[MMQ_UNITS][MMQ_TILE][MMQ_WORDS];  /* a unit's 32 int8 values as 8 words (and a pad) */
     __shared__ float wsc[MMQ_UNITS][MMQ_TILE][3];       /* sc[0], sc[1], mn */
     __shared__ int aq[MMQ_UNITS][MMQ_TILE][MMQ_WORDS];
@@ -65,10 +69,11 @@ __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long 
             wsc[v][r][1] = sc[1];
             wsc[v][r][2] = mn;
             if (m0 + r < m && u < units) {
-                const int *src = (const int *)(qa + (long long)(m0 + r) * k + 32 * u);   /* 32-byte aligned */
+                const long long ar = list ? list[m0 + r] / x_div : m0 + r;
+                const int *src = (const int *)(qa + ar * k + 32 * u);   /* 32-byte aligned */
                 for (int j = 0; j < 8; j++) aq[v][r][j] = src[j];
-                ads[v][r][0] = da[(long long)(m0 + r) * units + u];
-                ads[v][r][1] = sa[(long long)(m0 + r) * units + u];
+                ads[v][r][0] = da[ar * units + u];
+                ads[v][r][1] = sa[ar * units + u];
             } else {
                 for (int j = 0; j < 8; j++) aq[v][r][j] = 0;
                 ads[v][r][0] = ads[v][r][1] = 0.0f;
@@ -102,7 +107,7 @@ __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long 
 #pragma unroll
         for (int j = 0; j < MMQ_PER; j++) {
             const int r = n0 + ty + MMQ_SIDE * i, c = m0 + tx + MMQ_SIDE * j;
-            if (r < n && c < m) y[(long long)c * ldy + r] = acc[i][j];
+            if (r < n && c < m) y[(long long)(list ? list[c] : c) * ldy + r] = acc[i][j];
         }
 }
 
@@ -113,11 +118,27 @@ __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long 
         mmq_tile<T>(w, row_bytes, n, k, qa, da, sa, m, y, ldy);                                                 \
     }
 
-UK_MMQ(q4_0, UK_Q4_0)
-UK_MMQ(q4_1, UK_Q4_1)
-UK_MMQ(q5_0, UK_Q5_0)
-UK_MMQ(q5_1, UK_Q5_1)
-UK_MMQ(q8_0, UK_Q8_0)
-UK_MMQ(q4_k, UK_Q4_K)
-UK_MMQ(q5_k, UK_Q5_K)
-UK_MMQ(q6_k, UK_Q6_K)
+/* The experts' products of a prefill, each expert's weights read once for all the rows that chose it: block
+   (x, y, e) computes weight rows x * MMQ_TILE .. of expert e (bank + e * expert_bytes) for the entries y * MMQ_TILE ..
+   of its list of (token, slot) pairs (moe_group: order[e * pairs ..], counts[e] of them); pair s reads activation row
+   s / x_div (gate and up: the token's, x_div = top_k; down: the pair's own, 1) and writes output row s. */
+#define UK_MMQ_IDX(name, T)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(MMQ_SIDE * MMQ_SIDE)                                           \
+        mmq_idx_##name(const uk_u8 *bank, long long expert_bytes, long long row_bytes, int n, int k,            \
+                       const uk_i8 *qa, const float *da, const float *sa, int x_div, const int *order,          \
+                       const int *counts, int pairs, float *y, long long ldy) {                                 \
+        const int e = blockIdx.z, m = counts[e];                                                                \
+        if ((long long)blockIdx.y * MMQ_TILE >= m) return;                                                      \
+        mmq_tile<T>(bank + e * expert_bytes, row_bytes, n, k, qa, da, sa, m, y, ldy,                            \
+                    order + (long long)e * pairs, x_div);                                                       \
+    }
+#define UK_MMQ_BOTH(name, T) UK_MMQ(name, T) UK_MMQ_IDX(name, T)
+
+UK_MMQ_BOTH(q4_0, UK_Q4_0)
+UK_MMQ_BOTH(q4_1, UK_Q4_1)
+UK_MMQ_BOTH(q5_0, UK_Q5_0)
+UK_MMQ_BOTH(q5_1, UK_Q5_1)
+UK_MMQ_BOTH(q8_0, UK_Q8_0)
+UK_MMQ_BOTH(q4_k, UK_Q4_K)
+UK_MMQ_BOTH(q5_k, UK_Q5_K)
+UK_MMQ_BOTH(q6_k, UK_Q6_K)

@@ -4,7 +4,8 @@
  * moe_route: one thread per token: scores = softmax (or sigmoid) of its n_experts logits, the top_k by score, best
  *   first, ties to the lower index (a strictly greater score displaces), weights = their scores, divided by their
  *   sum when normalize (the semantics of the reference's MoERouter).
- * gemv_idx_<type> (in gemv.cu): the GEMV over the expert each (token, slot) pair chose.
+ * gemv_idx_<type> (in gemv.cu): the GEMV over the expert each (token, slot) pair chose; for a prefill moe_group
+ *   lists each expert's pairs and mmq_idx_<type> (in mmq.cu) multiplies them with the int8 GEMM.
  * moe_combine: y[t] = sum_j w[t, j] * o[t * top_k + j], one thread per output value. */
 #include "decode.cuh"
 
@@ -38,6 +39,19 @@ extern "C" __global__ void moe_route(const float *logits, int tokens, int n_expe
         weights[(long long)t * top_k + j] = normalize ? best[j] / sum : best[j];
         idx[(long long)t * top_k + j] = pick[j];
     }
+}
+
+/* moe_group: thread e for expert e0 + e of a bank of n_experts: the pairs s < pairs that chose it, ascending, at
+   order[e * pairs ..] and their count at counts[e] — the lists mmq_idx_<type> reads (each expert's weights then
+   read once for all its rows, not once a pair). A thread scans every pair: a prefill's few thousand. */
+extern "C" __global__ void moe_group(const int *idx, int pairs, int e0, int n_experts, int *order, int *counts) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_experts) return;
+    int *out = order + (long long)e * pairs;
+    int c = 0;
+    for (int s = 0; s < pairs; s++)
+        if (idx[s] == e0 + e) out[c++] = s;
+    counts[e] = c;
 }
 
 extern "C" __global__ void moe_combine(const float *o, const float *w, int tokens, int top_k, int d, float *y) {
