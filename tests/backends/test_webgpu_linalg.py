@@ -21,10 +21,11 @@ from uaii.backends.analysis import node_infos  # noqa: E402
 from uaii.backends.webgpu import WebGpuBackend  # noqa: E402
 from uaii.backends.webgpu.device import SUBGROUPS_ENV, GpuDevice, choose, open_device  # noqa: E402
 from uaii.backends.webgpu.executable import WebGpuExecutable  # noqa: E402
-from uaii.backends.webgpu.measure import copy_bandwidth, gemv_bandwidth, weight_bytes  # noqa: E402
+from uaii.backends.webgpu.measure import copy_bandwidth, gemv_bandwidth  # noqa: E402
 from uaii.backends.webgpu.ops import LOWERINGS  # noqa: E402
 from uaii.backends.webgpu.ops.dequant import SUPPORTED, WG, dequant_source  # noqa: E402
 from uaii.backends.webgpu.program import pack_params  # noqa: E402
+from uaii.kernels import random_weight  # noqa: E402
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 GPU = WebGpuBackend(allow_software=True)
@@ -101,7 +102,7 @@ def _matmul_graph(m: int, n: int, k: int, dtype: DType) -> Graph:
 @pytest.mark.parametrize("dtype", TYPES, ids=lambda d: d.value)
 def test_every_weight_type_matches_numpy_on_the_dequantized_weight(dtype: DType, m: int) -> None:
     n, k = 40, 256
-    raw = weight_bytes(dtype, n, k, seed=m)
+    raw = random_weight(dtype, n, k, seed=m)
     a = np.random.default_rng(m).uniform(-1, 1, size=(m, k)).astype(np.float32)
     exe = GPU.compile(_matmul_graph(m, n, k, dtype), None, ArrayWeights({"w": _weight_array(dtype, raw, (n, k))}),
                       kv_state=False)
@@ -113,7 +114,7 @@ def test_every_weight_type_matches_numpy_on_the_dequantized_weight(dtype: DType,
 def test_prefill_rows_beyond_one_tile() -> None:
     """M = 11 spans two 8-row tiles; K = 1024 gives every thread of a row several units."""
     n, k, m = 24, 1024, 11
-    raw = weight_bytes(DType.Q4_K, n, k, seed=3)
+    raw = random_weight(DType.Q4_K, n, k, seed=3)
     a = np.random.default_rng(4).normal(size=(m, k)).astype(np.float32)
     exe = GPU.compile(_matmul_graph(m, n, k, DType.Q4_K), None, ArrayWeights({"w": raw}), kv_state=False)
     want = a.astype(np.float64) @ dequantize(raw, DType.Q4_K, n * k).reshape(n, k).astype(np.float64).T
@@ -169,8 +170,8 @@ def test_streamed_weights_grouped_and_sharded(small_device: GpuDevice) -> None:
     turns in it): a grouped product's weights and a sharded lm_head are each uploaded right before the dispatch
     that reads them."""
     d, vocab = 256, 600
-    ws = {f"w{i}": weight_bytes(DType.Q8_0, n, d, seed=i) for i, n in enumerate((64, 32, 32))}
-    ws["head"] = weight_bytes(DType.Q4_0, vocab, d, seed=7)  # 86 KB: 2 shards
+    ws = {f"w{i}": random_weight(DType.Q8_0, n, d, seed=i) for i, n in enumerate((64, 32, 32))}
+    ws["head"] = random_weight(DType.Q4_0, vocab, d, seed=7)  # 86 KB: 2 shards
     tensors = [Tensor("a", DType.F32, (2, d))]
     tensors += [Tensor(n, DType.Q8_0, (w.size // 272, d), is_weight=True) for n, w in ws.items() if n != "head"]
     tensors += [Tensor("head", DType.Q4_0, (vocab, d), is_weight=True), Tensor("y0", DType.F32, (2, 64)),
@@ -228,7 +229,7 @@ def test_the_bandwidth_probes_run() -> None:
     dev = open_device(True)
     assert gemv_bandwidth(dev, "q4_0", 64, 256, reps=2) > 0
     assert copy_bandwidth(dev, 1 << 16, reps=2) > 0
-    assert weight_bytes(DType.Q3_K, 2, 256).size == 2 * 110
+    assert random_weight(DType.Q3_K, 2, 256).size == 2 * 110
     with pytest.raises(BackendError, match="multiple of its block"):
         gemv_bandwidth(dev, "q4_k", 4, 96)
 
@@ -261,7 +262,7 @@ def test_subgroup_and_portable_reductions_agree_with_numpy_and_each_other(
     """K = 256: a workgroup's 64 rows outnumber its subgroups (several jobs per subgroup, rows past N idle);
     K = 4096: 4 rows per workgroup, each row split over several subgroups whose sums meet in workgroup memory."""
     n = 40
-    raw = weight_bytes(dtype, n, k, seed=m + k)
+    raw = random_weight(dtype, n, k, seed=m + k)
     a = np.random.default_rng(m).uniform(-1, 1, size=(m, k)).astype(np.float32)
     weights = ArrayWeights({"w": _weight_array(dtype, raw, (n, k))})
     sg, portable = _gemv_both_ways(lambda: GPU.compile(_matmul_graph(m, n, k, dtype), None, weights, kv_state=False),
@@ -277,7 +278,7 @@ def test_subgroup_gemv_on_sharded_and_streamed_weights(small_device: GpuDevice,
     """A Q6_K lm_head in 3 row shards and a streamed Q4_0 weight in 2, M = 3 (a tile of 4 rows, one unused), with a
     Gemm bias: each shard's dispatch writes its own columns on either path."""
     vocab, d, m = 640, 256, 3
-    head, up = random_encoded(DType.Q6_K, vocab * d, seed=12), weight_bytes(DType.Q4_0, 600, d, seed=13)
+    head, up = random_encoded(DType.Q6_K, vocab * d, seed=12), random_weight(DType.Q4_0, 600, d, seed=13)
     bias = np.random.default_rng(14).normal(size=vocab).astype(np.float32)
     tensors = [Tensor("a", DType.F32, (m, d)), Tensor("head", DType.Q6_K, (vocab, d), is_weight=True),
                Tensor("up", DType.Q4_0, (600, d), is_weight=True), Tensor("c", DType.F32, (vocab,)),
@@ -312,7 +313,7 @@ def test_the_subgroup_kernel_is_what_compiles_when_the_feature_is_present(monkey
     ``UAII_WEBGPU_SUBGROUPS=0`` the portable one — so neither path can silently stay unused."""
     info, adapter = choose(True)
     n, k = 8, 256
-    w = weight_bytes(DType.Q8_0, n, k, seed=16)
+    w = random_weight(DType.Q8_0, n, k, seed=16)
     a = np.ones((1, k), np.float32)
 
     def gemv_sources(flag: str | None) -> list[str]:
@@ -337,7 +338,7 @@ def test_moe_expert_passes_agree_on_both_reductions(monkeypatch: pytest.MonkeyPa
     t, e, k, ff, d = 3, 4, 2, 64, 256
     types = {"gate": DType.Q4_K, "up": DType.Q8_0, "down": DType.F16}
     shapes = {"gate": (e, ff, d), "up": (e, ff, d), "down": (e, d, ff)}
-    raws = {n: weight_bytes(dt, shapes[n][0] * shapes[n][1], shapes[n][2], seed=i)
+    raws = {n: random_weight(dt, shapes[n][0] * shapes[n][1], shapes[n][2], seed=i)
             for i, (n, dt) in enumerate(types.items())}
     packed = {n: r if types[n].is_quantized else r.view(np.float16).reshape(shapes[n]) for n, r in raws.items()}
     ref = {n: dequantize(r, types[n], int(np.prod(shapes[n]))).reshape(shapes[n]) for n, r in raws.items()}

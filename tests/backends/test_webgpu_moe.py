@@ -20,8 +20,8 @@ from uaii.backends.analysis import node_infos  # noqa: E402
 from uaii.backends.webgpu import WebGpuBackend  # noqa: E402
 from uaii.backends.webgpu.device import MAX_BINDING_ENV, GpuDevice, choose  # noqa: E402
 from uaii.backends.webgpu.executable import WebGpuExecutable  # noqa: E402
-from uaii.backends.webgpu.measure import weight_bytes  # noqa: E402
 from uaii.backends.webgpu.ops import LOWERINGS  # noqa: E402
+from uaii.kernels import random_weight  # noqa: E402
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 GPU = WebGpuBackend(allow_software=True)
@@ -54,7 +54,7 @@ def _banks(types: tuple[DType, DType, DType], e: int, ff: int, d: int) -> tuple[
     """Packed banks (what the store holds) and their dequantized values (what the reference takes)."""
     packed, ref = {}, {}
     for (name, shape), dt in zip((("gate", (e, ff, d)), ("up", (e, ff, d)), ("down", (e, d, ff))), types, strict=True):
-        raw = weight_bytes(dt, e * shape[1], shape[2], seed=len(name))
+        raw = random_weight(dt, e * shape[1], shape[2], seed=len(name))
         packed[name] = raw if dt.is_quantized else raw.view(dt.numpy).reshape(shape)
         ref[name] = dequantize(raw, dt, e * shape[1] * shape[2]).reshape(shape)
     return packed, ref

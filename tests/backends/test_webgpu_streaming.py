@@ -18,9 +18,9 @@ from uaii.backends.analysis import node_infos
 from uaii.backends.webgpu import WebGpuBackend
 from uaii.backends.webgpu.device import open_device
 from uaii.backends.webgpu.executable import WebGpuExecutable
-from uaii.backends.webgpu.measure import weight_bytes
 from uaii.backends.webgpu.ops import LOWERINGS
 from uaii.backends.webgpu.program import Upload
+from uaii.kernels import random_weight
 
 STATUS = WebGpuBackend(allow_software=True).probe()
 pytestmark = pytest.mark.skipif(not STATUS.available, reason=f"no WebGPU adapter: {STATUS.reason}")
@@ -32,7 +32,7 @@ ROW = DType.Q4_0.nbytes(D)  # 72 bytes
 def tied_graph() -> tuple:
     """An embedding lookup and an lm_head over one tied q4_0 table, then a second lm_head pass: the table is read
     by three nodes, in chunks, and must be uploaded again wherever its staging buffer holds another chunk."""
-    table = weight_bytes(DType.Q4_0, VOCAB, D, seed=3)
+    table = random_weight(DType.Q4_0, VOCAB, D, seed=3)
     tensors = [Tensor("ids", DType.I64, (4,)), Tensor("table", DType.Q4_0, (VOCAB, D), is_weight=True),
                Tensor("h", DType.F32, (4, D)), Tensor("z", DType.F32, (4, VOCAB)),
                Tensor("z2", DType.F32, (4, VOCAB))]
