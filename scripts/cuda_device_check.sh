@@ -31,7 +31,8 @@ export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/tests/loader
 } 2>&1 | tee "$OUT/setup.log"
 # the host-model variants ([host], [compiled]) run in CI: device minutes go to the device's
 if [ "${MODELS:-0}" = 1 ]; then
-  $PY scripts/device_models.py receive | tee -a "$OUT/setup.log"
+  $PY scripts/device_models.py receive --all 2>&1 | tee -a "$OUT/setup.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1  # the tests would try to fetch a missing model, with no registry
   TESTS=(tests/runtime/test_cuda_executable.py)
   BENCH=(--no-gemv --models smollm2,gemma3)
 else

@@ -80,8 +80,7 @@ def receive(src: Path, stage: Path, cache: Path) -> list[str]:
         m = PART.match(part.name)
         if m is None or m.group("file") not in specs:
             raise SystemExit(f"[device-models] {part}: not a part of a known model ({', '.join(specs)})")
-        done = cache / m.group("file")
-        if done.is_file() and done.stat().st_size == specs[m.group("file")].size:
+        if complete(cache, specs[m.group("file")]):
             continue  # left over from the call that completed it
         tmp = stage / f".{part.name}.tmp"
         shutil.copyfile(part, tmp)
@@ -91,7 +90,7 @@ def receive(src: Path, stage: Path, cache: Path) -> list[str]:
         staged = sorted(p for p in stage.glob(f"{filename}.part*of*") if PART.match(p.name))
         final = cache / filename
         if not staged:
-            if final.is_file() and final.stat().st_size == spec.size:
+            if complete(cache, spec):
                 lines.append(f"{filename}: in the model cache")
             continue
         counts = {int(PART.match(p.name).group("n")) for p in staged}  # type: ignore[union-attr]
@@ -139,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("split", help="here: write the parts into .device-models and list the calls")
     sp.add_argument("models", nargs="*", default=["smollm2", "gemma3"])
     sp.add_argument("--part-mib", type=int, default=PART_BYTES >> 20)
-    sub.add_parser("receive", help="on the device: stage the carried parts, put together complete models")
+    rp = sub.add_parser("receive", help="on the device: stage the carried parts, put together complete models")
+    rp.add_argument("--all", action="store_true", help="fail unless every model is then in the model cache (the "
+                    "tests would otherwise try to fetch one, from a machine that reaches no registry)")
     args = ap.parse_args(argv)
     if args.cmd == "split":
         parts = split(args.models, ROOT / CARRY_DIR, args.part_mib << 20)
@@ -148,9 +149,20 @@ def main(argv: list[str] | None = None) -> int:
         for p in parts:
             print(f'  carry ["{CARRY_DIR}/{p.name}"]  command "python3 scripts/device_models.py receive"')
         return 0
-    for line in receive(ROOT / CARRY_DIR, stage_dir(), _models().cache_dir()):
+    models = _models()
+    for line in receive(ROOT / CARRY_DIR, stage_dir(), models.cache_dir()):
         print(line)
+    missing = [spec.filename for spec in models.MODELS.values() if not complete(models.cache_dir(), spec)]
+    if args.all and missing:
+        print(f"[device-models] not in the model cache yet: {', '.join(missing)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def complete(cache: Path, spec: Any) -> bool:
+    """Whether ``spec``'s model is in ``cache`` (put together and verified: nothing else gives it its name)."""
+    path = cache / spec.filename
+    return path.is_file() and path.stat().st_size == spec.size
 
 
 if __name__ == "__main__":

@@ -107,3 +107,23 @@ def test_the_models_are_the_ones_the_tests_fetch() -> None:
     assert {"smollm2", "gemma3"} <= set(models.MODELS) and models is load_script("scripts/models.py",
                                                                                 "uaii_scripts_models")
     assert all(spec.size > 1 << 20 and len(spec.sha256) == 64 for spec in models.MODELS.values())
+
+
+def test_receive_all_fails_until_every_model_is_there(tiny: tuple[Path, Any], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """What the device script runs before the model tests: exit 1 (naming what is missing) while a part is still to
+    carry, 0 once the model is whole."""
+    del tiny  # (the fake models are in place)
+    parts = dm.split(["tiny"], tmp_path / "parts", part_bytes=600_000)
+    monkeypatch.setattr(dm, "ROOT", tmp_path)
+    monkeypatch.setenv("UAII_DEVICE_STAGE", str(tmp_path / "stage"))
+    carry = tmp_path / dm.CARRY_DIR
+    carry.mkdir()
+    shutil.copyfile(parts[0], carry / parts[0].name)
+    assert dm.main(["receive", "--all"]) == 1
+    assert "not in the model cache yet: tiny.gguf" in capsys.readouterr().err
+    (carry / parts[0].name).unlink()
+    shutil.copyfile(parts[1], carry / parts[1].name)
+    assert dm.main(["receive", "--all"]) == 0
+    assert "put together from 2 parts" in capsys.readouterr().out
