@@ -157,3 +157,26 @@ def test_the_bandwidth_probes_time_with_device_events_on_the_model() -> None:
     """)
     assert all(v > 0 for v in out["got"].values()), out["got"]
     assert out["elapsed"] == 4 and out["errors"] == [] and out["leaks"] == []
+
+
+def test_page_locked_memory_dropped_unfreed_is_still_freed_at_close() -> None:
+    """Regression: CudaDevice kept page-locked buffers by the id() of the array it returned; an array dropped
+    without free_host left its id to the next one, whose entry overwrote it, and close() never freed the first
+    (`make check-cuda-model` in CI: "context released with 1 page-locked buffers not freed")."""
+    out = on_model("""
+        import gc
+        with CudaDevice.open() as dev:
+            for _ in range(50):
+                dev.alloc_host(4096)  # dropped at once: its id is free for the next
+                gc.collect()
+            kept = dev.alloc_host(64)
+            dev.free_host(kept)
+            try:
+                dev.free_host(np.zeros(8, np.uint8))
+                refused = ""
+            except BackendError as exc:
+                refused = str(exc)
+        print(json.dumps({"leaks": model.leaks, "freed": model.calls["cuMemFreeHost"], "refused": refused}))
+    """)
+    assert out["leaks"] == [] and out["freed"] == 51
+    assert "not a page-locked buffer of this device" in out["refused"]

@@ -150,14 +150,20 @@ class CudaDevice:
         n = max(int(nbytes), 1)
         ptr = int(_ok(cu, cu.cuMemHostAlloc(n, 0), f"cuMemHostAlloc({n})"))
         array = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
-        self._pinned[id(array)] = ptr
+        self._pinned[ptr] = n  # by address: an id() of an array dropped unfreed is reused, and its memory was lost
         return array
 
     def free_host(self, array: np.ndarray) -> None:
-        ptr = self._pinned.pop(id(array), None)
-        if ptr is not None and self._capturing:
+        """Free a buffer of :meth:`alloc_host` (the array it returned; anything else is refused). After
+        :meth:`close`, which freed them all, nothing to do."""
+        if self._ctx is None:
+            return
+        ptr = int(array.__array_interface__["data"][0])
+        if self._pinned.pop(ptr, None) is None:
+            raise BackendError(f"[cuda] free_host of {ptr:#x}: not a page-locked buffer of this device (or freed)")
+        if self._capturing:
             self._deferred.append(("host", ptr))
-        elif ptr is not None:
+        else:
             cu = _driver()
             _ok(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")  # a queued copy may still read it
             _ok(cu, cu.cuMemFreeHost(ptr), "cuMemFreeHost")
@@ -296,7 +302,7 @@ class CudaDevice:
         self._graphs.clear()
         for buf in list(self._buffers.values()):
             self.free(buf)
-        for ptr in self._pinned.values():
+        for ptr in self._pinned:
             cu.cuMemFreeHost(ptr)
         self._pinned.clear()
         for e in self._events:
