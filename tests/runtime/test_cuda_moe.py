@@ -67,3 +67,29 @@ def test_a_moe_prefill_takes_each_experts_rows_through_the_int8_gemm(moe: tuple[
     rows = np.flatnonzero(a != b)  # random weights have near-ties: a row may part there, and only there
     assert rows.size <= 2 and all(pairs[r, b[r]] - pairs[r, a[r]] <= 2 * err for r in rows), rows
     assert float(np.abs(grouped_step - pairs_step).max()) <= 0.02 * scale
+
+
+def test_the_moe_nodes_of_a_binding_share_their_scratch(moe: tuple[Any, Any]) -> None:
+    """Both layers' MoE products (per-pair outputs, quantized activations, the experts' lists) and every product's
+    quantized activations live in scratch the binding's nodes share: a 48-layer prefill once held 48 of each."""
+    model, store = moe
+    dev = HostDevice(kernels="compiled")
+    sizes: list[int] = []
+    alloc = dev.alloc
+
+    def recorded(nbytes: int) -> Any:
+        sizes.append(int(nbytes))
+        return alloc(nbytes)
+    dev.alloc = recorded  # type: ignore[method-assign]
+    exe = CudaBackend(device=dev).compile(model.graph, None, store, max_tokens=32)
+    try:
+        state = exe.new_state(64)
+        before = len(sizes)
+        exe.run({"tokens": np.arange(3, 27), "positions": np.arange(state.reserve(24), 24)}, state)
+        bound = sizes[before:]
+    finally:
+        exe.close()
+        dev.close()
+    pairs, ff, d = 24 * 2, 128, 256
+    assert bound.count(4 * pairs * (2 * ff + d)) == 1  # the MoE scratch: one for both layers
+    assert len(bound) < 12, bound  # the binding's own buffers: a handful, not a few per layer

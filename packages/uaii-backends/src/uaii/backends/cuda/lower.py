@@ -113,6 +113,7 @@ class Binder:
         self.steps: list[Callable[[RunContext], None]] = []
         self.pieces: list[Piece] = []
         self.owned: list[Any] = []
+        self._shared: dict[str, Any] = {}
         self.n_new = 0
         self.tables: Any = None
         self.pinned_tables: Any = None
@@ -318,9 +319,7 @@ class Binder:
         px, py, row_bytes, sfx = self.a(x), self.a(y), t.dtype.nbytes(k), TYPES[t.dtype][1]
         dev, stream = self.dev, self.exe.stream
         if m > 8 and t.dtype in MMQ_TYPES:
-            q = self.dev.alloc(m * k + 8 * m * (k // 32) + 2 * geometry.ELEMENTWISE)
-            self.owned.append(q)
-            pq = int(q.ptr)
+            pq = self.shared("activations_i8", m * k + 8 * m * (k // 32) + 2 * geometry.ELEMENTWISE)
             pd = pq + -(-m * k // 256) * 256
             ps = pd + 4 * m * (k // 32)
             self.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), c_p(px), c_ll(k), c_int(m),
@@ -589,6 +588,18 @@ class Binder:
         return AttentionMask(ptr, dtype.is_float, int(offsets.ptr), index.strides[-3] // step,
                              index.strides[-1] // step)
 
+    def shared(self, kind: str, nbytes: int) -> int:
+        """Device scratch of at least ``nbytes`` that the nodes of this binding share by ``kind``: a node's kernels
+        are done with it before the next node's run (one stream, in order), so a 48-layer prefill holds one
+        quantized activation or one MoE scratch, not 48. Grown when a node needs more (the nodes lowered before
+        keep the smaller one)."""
+        buf = self._shared.get(kind)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self.dev.alloc(nbytes)
+            self.owned.append(buf)
+            self._shared[kind] = buf
+        return int(buf.ptr)
+
     def _scratch(self, nbytes: int) -> int:
         buf = self.dev.alloc(nbytes)
         self.owned.append(buf)
@@ -775,9 +786,8 @@ class Binder:
         pairs = tokens * k
         if not pairs:
             return
-        scratch = self.dev.alloc(4 * pairs * (2 * ff + d))
-        self.owned.append(scratch)
-        hg, hu = int(scratch.ptr), int(scratch.ptr) + 4 * pairs * ff
+        hg = self.shared("moe_ffn", 4 * pairs * (2 * ff + d))
+        hu = hg + 4 * pairs * ff
         o = hu + 4 * pairs * ff
         px = self.a(x)
         products(0, px, d, k, hg, ff, d, pairs)
@@ -889,24 +899,20 @@ dense products take the GEMM above 8 rows."""
 class _GroupedExperts:
     """The int8 GEMM path of one MoE node's resident banks: each distinct activation (the tokens for gate and up, the
     pairs for down) quantized once, the pairs listed by expert once (moe_group: the lists of every bank, which all
-    hold the node's n_experts), then one mmq_idx_<type> launch per bank."""
+    hold the node's n_experts), then one mmq_idx_<type> launch per bank; in scratch the binding's MoE nodes share
+    (Binder.shared)."""
 
     def __init__(self, b: Binder, idx: int, n_experts: int, top_k: int) -> None:
         self.b, self.idx, self.n_experts, self.top_k = b, idx, n_experts, top_k
         self.quantized: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}
         self.lists: tuple[int, int] | None = None
 
-    def _alloc(self, nbytes: int) -> int:
-        buf = self.b.dev.alloc(nbytes)
-        self.b.owned.append(buf)
-        return int(buf.ptr)
-
     def _quantized(self, src: int, ldx: int, m: int, k: int) -> tuple[int, int, int]:
         key = (src, ldx, m, k)
         if key not in self.quantized:
             units = k // 32
             q_bytes, s_bytes = -(-m * k // 256) * 256, -(-4 * m * units // 256) * 256
-            pq = self._alloc(q_bytes + 2 * s_bytes)
+            pq = self.b.shared(f"moe_activations_i8_{len(self.quantized)}", q_bytes + 2 * s_bytes)
             pd, ps = pq + q_bytes, pq + q_bytes + s_bytes
             self.b.launch("mmq", "quant_act", geometry.elementwise(m * units), c_p(src), c_ll(ldx), c_int(m),
                           c_int(k), c_p(pq), c_p(pd), c_p(ps))
@@ -916,7 +922,7 @@ class _GroupedExperts:
     def _lists(self, pairs: int) -> tuple[int, int]:
         if self.lists is None:
             e = self.n_experts
-            order = self._alloc(-(-4 * e * pairs // 256) * 256 + 4 * e)
+            order = self.b.shared("moe_lists", -(-4 * e * pairs // 256) * 256 + 4 * e)
             counts = order + -(-4 * e * pairs // 256) * 256
             self.b.launch("moe", "moe_group", geometry.elementwise(e), c_p(self.idx), c_int(pairs), c_int(0),
                           c_int(e), c_p(order), c_p(counts))
