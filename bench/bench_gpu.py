@@ -231,7 +231,8 @@ CUDA_SHAPES = [("4096x4096", 4096, 4096), ("14336x4096", 14336, 4096), ("152064x
 def measure_cuda(quick: bool, models: bool = True, kernels: bool = True) -> dict[str, Any] | None:
     """The CUDA backend's kernels on the first CUDA device: device-to-device copy GB/s and GEMV GB/s per type and
     shape (weight bytes read per second, uaii.backends.cuda.measure) with their ratio to the copy (issue #18's goal
-    for Q4 types: >= 0.7). None, said on stderr, without cuda-bindings or a device. ``kernels`` False: the copy
+    for Q4 types: >= 0.7), for the int8 form a decode step runs and the float form (gemm="f32"). None, said on
+    stderr, without cuda-bindings or a device. ``kernels`` False: the copy
     bandwidths only (what the models' streaming row is compared with)."""
     try:
         from uaii.backends.cuda import measure
@@ -251,9 +252,11 @@ def measure_cuda(quick: bool, models: bool = True, kernels: bool = True) -> dict
         h2d = measure.h2d_bandwidth(dev, 256 * MiB, 10)
         rows = []
         for t in types if kernels else []:
-            for name, n, k in shapes:
-                gb = measure.gemv_bandwidth(dev, DType(t), n, k, 20)
-                rows.append({"type": t, "shape": name, "gb_s": gb, "x_copy": gb / copy})
+            for name, n, k in shapes:  # the int8 form is what a decode step runs; the float form beside it
+                gb = measure.gemv_bandwidth(dev, DType(t), n, k, 20, int8=True)
+                gb_f = measure.gemv_bandwidth(dev, DType(t), n, k, 20)
+                rows.append({"type": t, "shape": name, "gb_s": gb, "x_copy": gb / copy, "float_gb_s": gb_f,
+                             "float_x_copy": gb_f / copy})
         mmq = [{"type": t, "shape": "4096x4096", "rows": m, "tops": measure.mmq_rate(dev, DType(t), 4096, 4096, m)}
                for t in (types if kernels else []) for m in (64, 512)]
         out = {"device": dev.name, "capability": list(dev.capability), "arch": dev.arch, "copy_gb_s": copy,
@@ -261,7 +264,8 @@ def measure_cuda(quick: bool, models: bool = True, kernels: bool = True) -> dict
     print(f"CUDA: {out['device']} ({out['arch']}), {out['date']}; device-to-device copy (bytes read + written) "
           f"{copy:.0f} GB/s; page-locked host -> device {h2d:.1f} GB/s")
     for r in rows:
-        print(f"  GEMV {r['type']:5s} {r['shape']:12s} {r['gb_s']:7.0f} GB/s  {r['x_copy']:.2f}x copy")
+        print(f"  GEMV {r['type']:5s} {r['shape']:12s} int8 {r['gb_s']:7.0f} GB/s  {r['x_copy']:.2f}x copy;  "
+              f"float {r['float_gb_s']:7.0f} GB/s  {r['float_x_copy']:.2f}x")
     for r in mmq:
         print(f"  int8 GEMM {r['type']:5s} {r['shape']} x {r['rows']:3d} rows {r['tops']:6.1f} TOPS")
     if not kernels:

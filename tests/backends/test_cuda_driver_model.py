@@ -151,12 +151,13 @@ def test_the_bandwidth_probes_time_with_device_events_on_the_model() -> None:
         with CudaDevice.open() as dev:
             got = {"copy": measure.copy_bandwidth(dev, 1 << 20, 2), "h2d": measure.h2d_bandwidth(dev, 1 << 20, 2),
                    "gemv": measure.gemv_bandwidth(dev, DType.Q4_0, 64, 256, 2),
+                   "gemvq": measure.gemv_bandwidth(dev, DType.Q4_0, 64, 256, 2, int8=True),
                    "mmq": measure.mmq_rate(dev, DType.Q4_0, 64, 256, 8, 2)}
         print(json.dumps({"got": got, "errors": model.errors, "leaks": model.leaks,
                           "elapsed": model.calls["cuEventElapsedTime"]}))
     """)
     assert all(v > 0 for v in out["got"].values()), out["got"]
-    assert out["elapsed"] == 4 and out["errors"] == [] and out["leaks"] == []
+    assert out["elapsed"] == 5 and out["errors"] == [] and out["leaks"] == []
 
 
 def test_page_locked_memory_dropped_unfreed_is_still_freed_at_close() -> None:

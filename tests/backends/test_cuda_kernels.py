@@ -27,7 +27,7 @@ import uaii.kernels as K
 from uaii.backends.base import BackendError
 from uaii.backends.cuda import geometry
 from uaii.backends.cuda.device import arch_for, device_count
-from uaii.backends.cuda.nvrtc import cache_key, compile_module, nvrtc_version, resources, write_atomic
+from uaii.backends.cuda.nvrtc import cache_key, compile_module, nvrtc_version, resources, unit_costs, write_atomic
 from uaii.backends.cuda.sources import GEMV_ROWS, MMQ_TYPES, MODULES, TYPES, source
 from uaii.ir import DType
 from uaii.kernels.testing import random_weight
@@ -76,6 +76,24 @@ def test_no_kernel_spills_or_takes_more_than_128_registers(name: str, arch: str)
     heavy = {k: r.registers for k, r in got.items() if r.registers > MAX_REGISTERS}
     assert not heavy, f"{name}.cu for {arch}: more than {MAX_REGISTERS} registers a thread: {heavy}"
     assert all(r.shared_bytes <= 48 << 10 for r in got.values())
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_int8_gemv_costs_a_unit_less_than_the_float_gemv(arch: str) -> None:
+    """What a 32-value unit costs a lane once the step is staged, counted in the SASS (nvrtc.unit_costs): the int8
+    form (gemvq_) takes fewer instructions and shared-memory loads than the float one for every block type and row
+    count — for Q4_0 at one row under half of both (float: 239 and 41 on sm_90, int8: 100 and 18), which is why the
+    lowering runs it (gemv.cu's head). And the decoders read 16-bit words: Q6_K's float unit took 100 shared loads
+    when they read bytes, 67 now."""
+    costs = unit_costs("gemv", arch)
+    for dtype in MMQ_TYPES:
+        for m in GEMV_ROWS:
+            q, f = costs[f"gemvq_{TYPES[dtype][1]}_m{m}"], costs[f"gemv_{TYPES[dtype][1]}_m{m}"]
+            assert q.instructions < f.instructions and q.shared_loads < f.shared_loads, (dtype, m, q, f)
+    q4, f4 = costs["gemvq_q4_0_m1"], costs["gemv_q4_0_m1"]
+    assert 2 * q4.instructions < f4.instructions and 2 * q4.shared_loads < f4.shared_loads, (q4, f4)
+    assert costs["gemv_q6_k_m1"].shared_loads <= 70, costs["gemv_q6_k_m1"]
 
 
 @needs_nvrtc
@@ -145,7 +163,11 @@ void uk_decode_units(int t, const unsigned char *row, long long units, float *y)
     for (long long u = 0; u < units; u++) uk_row_unit(t, row, u, y + 32 * u);
 }
 void uk_decode_units_int(int t, const unsigned char *row, long long units, signed char *q, float *sc, float *mn) {
-    for (long long u = 0; u < units; u++) uk_row_unit_int(t, row, u, q + 32 * u, sc + 2 * u, mn + u);
+    for (long long u = 0; u < units; u++) {
+        uk_u32 w[8];
+        uk_row_unit_int(t, row, u, w, sc + 2 * u, mn + u);
+        memcpy(q + 32 * u, w, 32);  /* byte j of the words is value j (little-endian, as a GPU) */
+    }
 }
 void uk_quant_act_blocks(const float *x, long long blocks, signed char *q, float *d, float *s) {
     for (long long b = 0; b < blocks; b++) uk_quant_act_block(x + 32 * b, q + 32 * b, d + b, s + b);
@@ -157,9 +179,11 @@ void uk_mmq_host(int t, const unsigned char *w, long long row_bytes, int n, int 
         for (int c = 0; c < m; c++) {
             float acc = 0.0f;
             for (long long u = 0; u < k / 32; u++) {
+                uk_u32 words[8];
                 signed char q[32];
                 float sc[2], mn;
-                uk_row_unit_int(t, w + r * row_bytes, u, q, sc, &mn);
+                uk_row_unit_int(t, w + r * row_bytes, u, words, sc, &mn);
+                memcpy(q, words, 32);
                 const signed char *a = qa + (long long)c * k + 32 * u;
                 int lo = 0, hi = 0;
                 for (int j = 0; j < 16; j++) { lo += q[j] * a[j]; hi += q[j + 16] * a[j + 16]; }
@@ -271,6 +295,16 @@ def _quantize_act(host: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return q, d, s
 
 
+def _host_mmq(host: Any, dtype: DType, raw: np.ndarray, n: int, k: int, qa: np.ndarray, da: np.ndarray,
+              sa: np.ndarray, m: int) -> np.ndarray:
+    """[m, n]: mmq.cu's sums of the activation blocks (qa, da, sa) with the weight, host-built (uk_mmq_host)."""
+    want = np.empty((m, n), np.float32)
+    host.lib.uk_mmq_host(TYPES[dtype][0], _ptr(host, "unsigned char", raw), dtype.nbytes(k), n, k,
+                         _ptr(host, "signed char", qa), _ptr(host, "float", da), _ptr(host, "float", sa), m,
+                         _ptr(host, "float", want))
+    return want
+
+
 @pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
 def test_integer_units_decode_to_the_float_decoders_values(dtype: DType, host_decode: Any,
                                                            rng: np.random.Generator) -> None:
@@ -306,10 +340,7 @@ def test_the_int8_gemm_sums_the_exact_product_of_its_inputs(dtype: DType, host_d
     raw = random_weight(dtype, n, k, seed=11)
     x = rng.standard_normal((m, k)).astype(np.float32)
     qa, da, sa = _quantize_act(host_decode, x)
-    y = np.empty((m, n), np.float32)
-    host_decode.lib.uk_mmq_host(TYPES[dtype][0], _ptr(host_decode, "unsigned char", raw), dtype.nbytes(k), n, k,
-                                _ptr(host_decode, "signed char", qa), _ptr(host_decode, "float", da),
-                                _ptr(host_decode, "float", sa), m, _ptr(host_decode, "float", y))
+    y = _host_mmq(host_decode, dtype, raw, n, k, qa, da, sa, m)
     w = K.dequantize(raw, dtype, n * k).reshape(n, k).astype(np.float64)
     xq = (qa.reshape(m, k // 32, 32).astype(np.float64) * da.reshape(m, k // 32, 1)).reshape(m, k)
     want = xq @ w.T
@@ -471,6 +502,16 @@ def test_dequantize_on_the_device_is_bit_exact(dtype: DType, device: Any, rng: n
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
+def _quantized_on_device(device: Any, x: np.ndarray) -> tuple[Any, Any, Any]:
+    """x's rows quantized on the device by quant_act: its int8 values, d and s."""
+    m, k = x.shape
+    nb = k // 32
+    dx, dq, dd, ds = device.upload(x), device.alloc(m * k), device.alloc(m * nb * 4), device.alloc(m * nb * 4)
+    device.launch("mmq", "quant_act", geometry.elementwise(m * nb), dx, ctypes.c_longlong(k), ctypes.c_int(m),
+                  ctypes.c_int(k), dq, dd, ds)
+    return dq, dd, ds
+
+
 @needs_device
 @pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
 def test_int8_gemm_on_the_device(dtype: DType, device: Any, host_decode: Any, rng: np.random.Generator) -> None:
@@ -480,11 +521,8 @@ def test_int8_gemm_on_the_device(dtype: DType, device: Any, host_decode: Any, rn
     nb = k // 32
     raw = random_weight(dtype, n, k, seed=5)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    dw, dx = device.upload(raw), device.upload(x)
-    dq, dd, ds, dy = device.alloc(m * k), device.alloc(m * nb * 4), device.alloc(m * nb * 4), device.alloc(m * n * 4)
+    dw, (dq, dd, ds), dy = device.upload(raw), _quantized_on_device(device, x), device.alloc(m * n * 4)
     c = ctypes
-    device.launch("mmq", "quant_act", geometry.elementwise(m * nb), dx, c.c_longlong(k), c.c_int(m), c.c_int(k),
-                  dq, dd, ds)
     device.launch("mmq", f"mmq_{TYPES[dtype][1]}", geometry.mmq(n, m), dw, c.c_longlong(dtype.nbytes(k)),
                   c.c_int(n), c.c_int(k), dq, dd, ds, c.c_int(m), dy, c.c_longlong(n))
     device.synchronize()
@@ -492,12 +530,33 @@ def test_int8_gemm_on_the_device(dtype: DType, device: Any, host_decode: Any, rn
     assert np.array_equal(device.download(dq, (m * k,), np.int8), qa)
     assert np.array_equal(device.download(dd, (m * nb,), np.float32).view(np.uint32), da.view(np.uint32))
     assert np.array_equal(device.download(ds, (m * nb,), np.float32).view(np.uint32), sa.view(np.uint32))
-    want = np.empty((m, n), np.float32)
-    host_decode.lib.uk_mmq_host(TYPES[dtype][0], _ptr(host_decode, "unsigned char", raw), dtype.nbytes(k), n, k,
-                                _ptr(host_decode, "signed char", qa), _ptr(host_decode, "float", da),
-                                _ptr(host_decode, "float", sa), m, _ptr(host_decode, "float", want))
+    want = _host_mmq(host_decode, dtype, raw, n, k, qa, da, sa, m)
     got = device.download(dy, (m, n), np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@needs_device
+@pytest.mark.parametrize("m", GEMV_ROWS)
+@pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
+def test_int8_gemv_on_the_device(dtype: DType, m: int, device: Any, host_decode: Any,
+                                 rng: np.random.Generator) -> None:
+    """gemvq_<type>_m<M> gives the int8 GEMM's sums (the host-built mmq pairs; only their order of addition differs):
+    a step of 32 units and a part of one, rows of odd units (every other one starting 2 bytes into a word, where the
+    16-bit loads must stay aligned), rows past the last warp's."""
+    n, k = 67, 1536 if dtype.block_size == 256 else 1568
+    raw = random_weight(dtype, n, k, seed=7 + m)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    dw, (dq, dd, ds), dy = device.upload(raw), _quantized_on_device(device, x), device.alloc(m * n * 4)
+    c = ctypes
+    device.launch("gemv", f"gemvq_{TYPES[dtype][1]}_m{m}", geometry.gemv(n), dw, c.c_longlong(dtype.nbytes(k)),
+                  c.c_int(n), c.c_int(k), dq, dd, ds, dy, c.c_longlong(n))
+    device.synchronize()
+    qa, da, sa = _quantize_act(host_decode, x)
+    want = _host_mmq(host_decode, dtype, raw, n, k, qa, da, sa, m)
+    got = device.download(dy, (m, n), np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    exact = x.astype(np.float64) @ K.dequantize(raw, dtype, n * k).reshape(n, k).astype(np.float64).T
+    np.testing.assert_allclose(got, exact, rtol=0, atol=0.02 * float(np.abs(exact).max()))  # int8 activations
 
 
 @needs_device

@@ -106,16 +106,23 @@ def test_gemv_of_every_type_against_the_cpu_gemm(dtype: DType, dev: HostDevice, 
 
 @pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q5_1, DType.Q8_0, DType.Q6_K, DType.F16],
                          ids=lambda t: t.value)
-def test_gemv_reads_rows_at_any_byte_offset(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
-    """gemv.cu stages each warp's stretch of a row as the aligned words holding it: rows starting 1, 2 or 3 bytes
-    past a word (the weight at an odd address, rows of 2 mod 4 bytes), a stretch ending mid-word and a last row
-    ending where its allocation ends give the CPU's products."""
+def test_gemv_reads_rows_at_any_even_byte_offset(dtype: DType, dev: HostDevice, rng: np.random.Generator) -> None:
+    """gemv.cu stages each warp's stretch of a row as the aligned words holding it: rows starting 2 bytes past a
+    word (the weight 2 bytes past one, rows of 2 mod 4 bytes), a stretch ending mid-word and a last row ending where
+    its allocation ends give the CPU's products, in both forms (gemvq_: the int8 one). Weights are at even addresses
+    (the arena's 256-byte regions, streamed pieces of whole rows of even bytes: every type's blocks are), which the
+    decoders' 16-bit loads need."""
     n, k = 9, (768 if dtype.block_size == 256 else 1248)     # 3 super-blocks, or 39 units: a partial tile
     raw = random_weight(dtype, n, k, seed=11)
-    want = K.matmul(x := rng.standard_normal((1, k)).astype(np.float32), K.PackedWeight.from_raw(raw, dtype, (n, k)),
-                    provider="c-f32")
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    pw = K.PackedWeight.from_raw(raw, dtype, (n, k))
+    want = K.matmul(x, pw, provider="c-f32")
     dx = dev.upload(x)
-    for offset in (1, 2, 3):
+    nb = k // 32
+    dq, dd, ds = dev.alloc(k), dev.alloc(4 * nb), dev.alloc(4 * nb)
+    if dtype in MMQ_TYPES:
+        dev.launch("mmq", "quant_act", geometry.elementwise(nb), dx, Long(k), Int(1), Int(k), dq, dd, ds)
+    for offset in (0, 2, 6):
         buf = np.zeros(offset + raw.nbytes, np.uint8)
         buf[offset:] = raw.reshape(-1).view(np.uint8)
         dw, dy = dev.upload(buf), _filled(dev, n)
@@ -123,6 +130,46 @@ def test_gemv_reads_rows_at_any_byte_offset(dtype: DType, dev: HostDevice, rng: 
                    Long(dtype.nbytes(k)), Int(n), Int(k), dx, Long(k), dy, Long(n))
         got = dev.download(dy, (n,), np.float32)
         np.testing.assert_allclose(got, want[0], rtol=1e-4, atol=1e-5 * float(np.abs(want).max()), err_msg=str(offset))
+        if dtype in MMQ_TYPES:
+            dy = _filled(dev, n)
+            dev.launch("gemv", f"gemvq_{TYPES[dtype][1]}_m1", geometry.gemv(n), Ptr(dw.ptr + offset),
+                       Long(dtype.nbytes(k)), Int(n), Int(k), dq, dd, ds, dy, Long(n))
+            got = dev.download(dy, (n,), np.float32)
+            cpu = K.matmul(x, pw)  # the CPU's int8 path: activations quantized as quant_act does
+            np.testing.assert_allclose(got, cpu[0], rtol=1e-3, atol=1e-3 * float(np.abs(cpu).max()),
+                                       err_msg=str(offset))
+
+
+@pytest.mark.parametrize("dtype", MMQ_TYPES, ids=lambda t: t.value)
+def test_int8_gemv_against_the_exact_product_and_the_cpus_int8_gemm(dtype: DType, dev: HostDevice,
+                                                                    rng: np.random.Generator) -> None:
+    """gemvq_<type>_m<M> over M = 1 .. 8 rows as the lowering splits them (7: m4, m2, m1 launches), K of 40 units
+    (a step of 32 and a part of one; 5 super-blocks), n = 37 (a last block of one warp's row): the exact product of
+    quant_act's blocks and the weight up to rounding, the CPU's int8 GEMM up to its order of addition; y strided,
+    its gaps untouched."""
+    n, k = 37, 1280
+    nb, ldy = k // 32, n + 5
+    raw = random_weight(dtype, n, k, seed=13)
+    w = K.dequantize(raw, dtype, n * k).reshape(n, k).astype(np.float64)
+    dw = dev.upload(raw)
+    for m in (1, 7, 8):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        dx, dq, dd, ds = dev.upload(x), dev.alloc(m * k), dev.alloc(4 * m * nb), dev.alloc(4 * m * nb)
+        dy = _filled(dev, (m - 1) * ldy + n)
+        dev.launch("mmq", "quant_act", geometry.elementwise(m * nb), dx, Long(k), Int(m), Int(k), dq, dd, ds)
+        for start, size in geometry.gemv_splits(m):
+            dev.launch("gemv", f"gemvq_{TYPES[dtype][1]}_m{size}", geometry.gemv(n), dw, Long(dtype.nbytes(k)),
+                       Int(n), Int(k), Ptr(dq.ptr + start * k), Ptr(dd.ptr + 4 * start * nb),
+                       Ptr(ds.ptr + 4 * start * nb), Ptr(dy.ptr + 4 * start * ldy), Long(ldy))
+        y = dev.download(dy, ((m - 1) * ldy + n,), np.float32)
+        got = np.stack([y[i * ldy:i * ldy + n] for i in range(m)])
+        assert all((y[i * ldy + n:(i + 1) * ldy] == SENTINEL).all() for i in range(m - 1))
+        qa, da, _ = K.quantize_activations(x)
+        xq = (qa.reshape(m, nb, 32).astype(np.float64) * da.reshape(m, nb, 1)).reshape(m, k)
+        exact = xq @ w.T
+        assert np.all(np.abs(got - exact) <= 1e-5 * (np.abs(xq) @ np.abs(w).T) + 1e-30), m
+        cpu = K.matmul(x, K.PackedWeight.from_raw(raw, dtype, (n, k)))
+        np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-3 * float(np.abs(cpu).max()))
 
 
 @pytest.mark.parametrize("dtype", list(TYPES), ids=lambda t: t.value)
@@ -382,6 +429,39 @@ def test_expert_products_and_their_sum(dtype: DType, dev: HostDevice, rng: np.ra
                Int(rows), dout)
     np.testing.assert_allclose(dev.download(dout, (tokens, rows), np.float32),
                                (w[:, :, None] * got.reshape(tokens, k, rows)).sum(axis=1), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [DType.Q4_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q6_K], ids=lambda t: t.value)
+@pytest.mark.parametrize("x_div", [2, 1], ids=["gate", "down"])
+def test_int8_expert_products(dtype: DType, x_div: int, dev: HostDevice, rng: np.random.Generator) -> None:
+    """gemvq_idx over a bank for each (token, slot) pair's expert on quant_act's rows (gate and up read the token's
+    row, x_div = top_k; down the pair's own, 1) — the whole bank, and a piece of experts [2, 4) that computes only
+    its pairs: the exact product of the quantized rows with each pair's expert up to rounding."""
+    experts, rows, cols = 5, 40, 512
+    idx = np.array([[3, 0], [2, 3], [4, 2]], np.int32)  # top_k 2
+    pairs = idx.size
+    bank = np.concatenate([random_weight(dtype, rows, cols, seed=e) for e in range(experts)])
+    per, nb = dtype.nbytes(rows * cols), cols // 32
+    dense = [K.dequantize(bank[e * per:(e + 1) * per], dtype, rows * cols).reshape(rows, cols).astype(np.float64)
+             for e in range(experts)]
+    x = rng.standard_normal((pairs // x_div, cols)).astype(np.float32)
+    m = x.shape[0]
+    dq, dd, ds = dev.alloc(m * cols), dev.alloc(4 * m * nb), dev.alloc(4 * m * nb)
+    dev.launch("mmq", "quant_act", geometry.elementwise(m * nb), dev.upload(x), Long(cols), Int(m), Int(cols), dq,
+               dd, ds)
+    qa, da, _ = K.quantize_activations(x)
+    xq = (qa.reshape(m, nb, 32).astype(np.float64) * da.reshape(m, nb, 1)).reshape(m, cols)
+    want = np.stack([dense[idx.reshape(-1)[s]] @ xq[s // x_div] for s in range(pairs)])
+    bound = np.stack([np.abs(dense[idx.reshape(-1)[s]]) @ np.abs(xq[s // x_div]) for s in range(pairs)])
+    at, didx = geometry.gemv_pairs(rows, pairs), dev.upload(idx)
+    for buf, e0, e1 in ((dev.upload(bank), 0, experts), (dev.upload(bank[2 * per:4 * per]), 2, 4)):
+        dy = _filled(dev, pairs * rows)
+        dev.launch("gemv", f"gemvq_idx_{TYPES[dtype][1]}", at, buf, Long(per), Long(dtype.nbytes(cols)), Int(rows),
+                   Int(cols), dq, dd, ds, Int(x_div), didx, Int(e0), Int(e1), dy, Long(rows))
+        got = dev.download(dy, (pairs, rows), np.float32)
+        mine = (idx.reshape(-1) >= e0) & (idx.reshape(-1) < e1)
+        assert np.all(np.abs(got[mine] - want[mine]) <= 1e-5 * bound[mine] + 1e-30), (e0, e1)
+        assert (got[~mine] == SENTINEL).all()
 
 
 @pytest.mark.parametrize("neox", [0, 1])

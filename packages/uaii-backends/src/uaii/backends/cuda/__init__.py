@@ -2,7 +2,8 @@
 NVRTC, launched through the driver API (cuda-bindings), an executor that runs a plan's steps on the device.
 
 - ``kernels/``: decoders of every GGUF encoding the backend reads, fused-dequantization GEMV for 1-8 activation
-  rows, an int8 (``__dp4a``) GEMM for prefill on the block types, dequantize / embedding rows, RMSNorm, SwiGLU,
+  rows (on int8 activations with ``__dp4a`` for the block types, ``gemm="fast"``; on floats for the others and with
+  ``gemm="f32"``), an int8 GEMM for prefill on the block types, dequantize / embedding rows, RMSNorm, SwiGLU,
   GeGLU, RoPE, KV-cache writes and attention over per-row KV tables with window and sinks; compiled for the
   device's architecture and cached on disk (:mod:`uaii.backends.cuda.nvrtc`), launched with the geometry of
   :mod:`uaii.backends.cuda.geometry`. No nvcc, no system toolkit, no torch.

@@ -15,7 +15,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from uaii.backends.analysis import node_infos
-from uaii.backends.base import BackendBase, BackendUnavailable, Capabilities, DeviceStatus, WeightSource
+from uaii.backends.base import BackendBase, BackendError, BackendUnavailable, Capabilities, DeviceStatus, WeightSource
+from uaii.backends.config import GEMM_MODES
 from uaii.backends.cuda.nvrtc import EXTRA
 from uaii.backends.cuda.sources import TYPES
 from uaii.ir import Graph
@@ -87,7 +88,7 @@ class CudaBackend(BackendBase):
                             ops=OPS, streams_weights=True, kv_dtypes=frozenset({"f32", "f16"}),
                             kv_positions=frozenset({"absolute"}), kv_window=True, batched_kv=True,
                             device_memory=self.device_memory(), arena=ARENA_RULE, staging_buffers=2,
-                            expert_staging=True, compile_options=frozenset({"expert_cache_bytes"}))
+                            expert_staging=True, compile_options=frozenset({"expert_cache_bytes", "gemm"}))
 
     def plan_arena(self, graph: Graph, max_tokens: int, *, memory_reuse: bool = True) -> ArenaLayout:
         """The device arena ``compile(graph, plan)`` allocates at ``max_tokens`` tokens (no device is opened)."""
@@ -100,7 +101,7 @@ class CudaBackend(BackendBase):
                 kv_state: bool = True, memory_reuse: bool = True, streamed: Collection[str] = (),
                 prefetch_order: Sequence[str] = (), expert_cache: Any = None, chunk_bytes: int = 0,
                 host_resident: Collection[str] = (), expert_cache_bytes: int = 0, cuda_graphs: bool = True,
-                **options: Any) -> Any:
+                gemm: str = "fast", **options: Any) -> Any:
         """Resident weights are uploaded on first use at compile time; those in ``streamed`` move through the
         staging slots in pieces of at most ``chunk_bytes`` every run, in step order (``prefetch_order`` adds
         nothing: the steps are the plan's order) — the pieces of those also in ``host_resident`` from page-locked
@@ -108,16 +109,20 @@ class CudaBackend(BackendBase):
         buffer first. The host expert cache does not apply to a device; ``expert_cache_bytes`` of device memory
         keep streamed banks' recently chosen experts between steps (expert_cache.py). ``cuda_graphs``: replay a
         binding's launches as one CUDA graph once it repeats (executable.py's module doc); False launches each
-        kernel every run."""
+        kernel every run. ``gemm`` as the CPU's: ``"fast"`` multiplies the block types' weights with activations
+        quantized to int8 blocks (the int8 GEMV and GEMM: the CPU's integer path's quantizer, __dp4a), ``"f32"``
+        with the float activations (the float GEMV for every product: the CPU's exact path, slower)."""
         from uaii.backends.cuda.executable import CudaExecutable
 
         self.device_compile_args(options, expert_cache)
+        if gemm not in GEMM_MODES:
+            raise BackendError(f"[cuda] gemm must be one of {', '.join(GEMM_MODES)}, found {gemm!r}")
         graph = self.graph_to_run(graph, plan, max_tokens)
         dev = self.device()
         tokens = (plan.arena.max_tokens if plan is not None else max_tokens) or 512
         exe = CudaExecutable(graph, node_infos(graph), weights, dev, max_tokens=tokens, kv_state=kv_state,
                              streamed=streamed, chunk_bytes=chunk_bytes, host_resident=host_resident,
-                             expert_cache_bytes=expert_cache_bytes, graphs=cuda_graphs,
+                             expert_cache_bytes=expert_cache_bytes, graphs=cuda_graphs, gemm=gemm,
                              arena=plan.arena if plan is not None else None)
         try:
             exe.prepare()

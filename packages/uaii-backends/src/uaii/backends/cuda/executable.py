@@ -158,9 +158,10 @@ class CudaExecutable:
     def __init__(self, graph: Graph, infos: list[NodeInfo], weights: WeightSource, dev: Any, *,
                  max_tokens: int = 512, kv_state: bool = True, streamed: Collection[str] = (),
                  chunk_bytes: int = 0, arena: ArenaLayout | None = None, host_resident: Collection[str] = (),
-                 expert_cache_bytes: int = 0, graphs: bool = True) -> None:
+                 expert_cache_bytes: int = 0, graphs: bool = True, gemm: str = "fast") -> None:
         self.graph = graph
         self.graphs = bool(graphs)
+        self.int8 = gemm == "fast"  # the block types' products on int8 activations (CudaBackend.compile's gemm)
         self.graph_launches = 0  # runs that replayed a captured graph (tests and benchmarks read it)
         self.infos = infos
         self.dev = dev

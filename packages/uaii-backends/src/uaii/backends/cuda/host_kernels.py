@@ -105,7 +105,8 @@ static inline float __shfl_down_sync(unsigned, float v, int) { return v; }  /* n
 
 THREADED_MODULES = ("gemv", "ops", "attention", "mmq", "packed")
 THREADED = ("rms_norm", "add_rms_norm", "layer_norm", "attn_scores", "attn_softmax", "pk_gemv", "pk_gemv_idx")
-"""Kernels whose threads meet in shuffles or barriers (plus every gemv_, gemv_idx_ and mmq_): the threaded build."""
+"""Kernels whose threads meet in shuffles or barriers (plus every gemv_, gemv_idx_, gemvq_ and mmq_): the threaded
+build."""
 
 THREADED_SHIM = r"""
 #include <math.h>
@@ -138,7 +139,7 @@ static inline float __shfl_down_sync(unsigned, float v, int off) {
 def threaded_kernel_names() -> tuple[str, ...]:
     """Every kernel the threaded build runs."""
     return tuple(k for m in THREADED_MODULES for k in MODULES[m].kernels
-                 if k in THREADED or k.startswith(("gemv_", "mmq_")))
+                 if k in THREADED or k.startswith(("gemv_", "gemvq_", "mmq_")))
 
 
 def host_kernel_names() -> tuple[str, ...]:

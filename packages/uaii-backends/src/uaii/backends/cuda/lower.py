@@ -280,8 +280,9 @@ class Binder:
 
     def op_GroupedMatMul(self, info: NodeInfo) -> None:
         x, *ws = info.node.inputs
+        quantized: dict[tuple[int, int], tuple[int, int, int]] = {}  # x quantized once for the group's weights
         for w, y in zip(ws, info.node.outputs, strict=True):
-            self.matmul(x, w, y, bool(info.attrs.get("transpose_b", False)))
+            self.matmul(x, w, y, bool(info.attrs.get("transpose_b", False)), quantized)
 
     def gemv_shape(self, w: str, trans_b: bool) -> tuple[int, int] | None:
         """Weight ``w`` as the GEMV (and int8 GEMM) read it, [N, K] — a 2-D weight of a decoded type stored [N, K]
@@ -295,10 +296,30 @@ class Binder:
         ok = len(shape) == 2 and t.dtype in TYPES and (trans_b or not t.dtype.is_quantized) and shape[1] % 32 == 0
         return (shape[0], shape[1]) if ok else None
 
-    def matmul(self, x: str, w: str, y: str, trans_b: bool) -> None:
-        """y[m, :] = x[m, :] . W[n, :] for every row m: GEMV launches of up to 8 rows, or the int8 GEMM beyond 8
-        rows on the block types; over each streamed piece, the piece's output columns. A product the GEMV does not
-        read (an activation as B, a plain weight of any K) is ew.cu's general f32 product."""
+    def quantized_rows(self, x: str, m: int, k: int,
+                       done: dict[tuple[int, int], tuple[int, int, int]] | None = None) -> tuple[int, int, int]:
+        """(q, d, s): the addresses of x's ``m`` rows quantized to int8 blocks (quant_act, the CPU's integer path's
+        quantizer) in the binding's shared scratch — launched here, or taken from ``done`` where the same rows were
+        quantized for an earlier weight of the node."""
+        key = (self.a(x), m)
+        if done is not None and key in done:
+            return done[key]
+        pq = self.shared("activations_i8", m * k + 8 * m * (k // 32) + 2 * geometry.ELEMENTWISE)
+        pd = pq + -(-m * k // 256) * 256
+        ps = pd + 4 * m * (k // 32)
+        self.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), c_p(self.a(x)), c_ll(k), c_int(m),
+                    c_int(k), c_p(pq), c_p(pd), c_p(ps))
+        if done is not None:
+            done[key] = (pq, pd, ps)
+        return pq, pd, ps
+
+    def matmul(self, x: str, w: str, y: str, trans_b: bool,
+               quantized: dict[tuple[int, int], tuple[int, int, int]] | None = None) -> None:
+        """y[m, :] = x[m, :] . W[n, :] for every row m; over each streamed piece, the piece's output columns. The
+        block types multiply x's rows quantized to int8 blocks (as the CPU's integer path does): the int8 GEMM beyond
+        8 rows, the int8 GEMV (gemvq_, launches of up to 8 rows) below; the float types, and every type with
+        ``gemm="f32"`` (CudaBackend.compile), the float GEMV (launches of up to 8 rows). A product
+        the GEMV does not read (an activation as B, a plain weight of any K) is ew.cu's general f32 product."""
         shape = self.gemv_shape(w, trans_b)
         if shape is None:
             if self.is_weight(w) and self.exe.tensor(w).dtype.is_quantized:
@@ -318,17 +339,24 @@ class Binder:
             return
         px, py, row_bytes, sfx = self.a(x), self.a(y), t.dtype.nbytes(k), TYPES[t.dtype][1]
         dev, stream = self.dev, self.exe.stream
-        if m > 8 and t.dtype in MMQ_TYPES:
-            pq = self.shared("activations_i8", m * k + 8 * m * (k // 32) + 2 * geometry.ELEMENTWISE)
-            pd = pq + -(-m * k // 256) * 256
-            ps = pd + 4 * m * (k // 32)
-            self.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), c_p(px), c_ll(k), c_int(m),
-                        c_int(k), c_p(pq), c_p(pd), c_p(ps))
+        if t.dtype in MMQ_TYPES and self.exe.int8:
+            pq, pd, ps = self.quantized_rows(x, m, k, quantized)
+            if m > 8:
+                def gemm(pw: int, r0: int, rows: int) -> None:
+                    dev.launch("mmq", f"mmq_{sfx}", geometry.mmq(rows, m), c_p(pw), c_ll(row_bytes), c_int(rows),
+                               c_int(k), c_p(pq), c_p(pd), c_p(ps), c_int(m), c_p(py + 4 * r0), c_ll(n), stream=stream)
+                self.weight_reader(w, form, n, gemm)
+                return
+            units = k // 32
+            splits = geometry.gemv_splits(m)
 
-            def gemm(pw: int, r0: int, rows: int) -> None:
-                dev.launch("mmq", f"mmq_{sfx}", geometry.mmq(rows, m), c_p(pw), c_ll(row_bytes), c_int(rows),
-                           c_int(k), c_p(pq), c_p(pd), c_p(ps), c_int(m), c_p(py + 4 * r0), c_ll(n), stream=stream)
-            self.weight_reader(w, form, n, gemm)
+            def gemvq(pw: int, r0: int, rows: int) -> None:
+                at = geometry.gemv(rows)
+                for start, size in splits:
+                    dev.launch("gemv", f"gemvq_{sfx}_m{size}", at, c_p(pw), c_ll(row_bytes), c_int(rows), c_int(k),
+                               c_p(pq + start * k), c_p(pd + 4 * start * units), c_p(ps + 4 * start * units),
+                               c_p(py + 4 * (start * n + r0)), c_ll(n), stream=stream)
+            self.weight_reader(w, form, n, gemvq)
             return
         splits = geometry.gemv_splits(m)
 
@@ -728,8 +756,10 @@ class Binder:
                         c_int(int(attrs.get("scoring") == "sigmoid")), c_p(self.a(weights)), c_p(self.a(indices)))
 
     def op_MoEExperts(self, info: NodeInfo) -> None:
-        """:meth:`expert_ffn` over banks in the encodings of TYPES, each product a gemv_idx_<type> launch. A
-        streamed bank moves only the experts the router chose (:meth:`gathered_experts`)."""
+        """:meth:`expert_ffn` over banks in the encodings of TYPES, each product a gemv_idx_<type> launch per pair
+        (gemvq_idx_<type> on the block types' int8 activations, as the dense products), or for a prefill on
+        resident banks the int8 GEMM on each expert's rows. A streamed bank moves only the experts the router chose
+        (:meth:`gathered_experts`)."""
         x, _, indices, gate, up, down = info.node.inputs[:6]
         e = int(info.attrs["n_experts"])
         d = int(self.types[x].shape[-1])
@@ -751,16 +781,22 @@ class Binder:
         def products(which: int, src: int, ldx: int, x_div: int, dst: int, rows: int, cols: int, pairs: int) -> None:
             bank, pidx = (gate, up, down)[which], self.a(indices)
             dtype = banks[bank][0]
-            if pairs // k > GROUPED_TOKENS and dtype in MMQ_TYPES and bank not in self.exe.streamed:
+            int8 = dtype in MMQ_TYPES and self.exe.int8
+            if pairs // k > GROUPED_TOKENS and int8 and bank not in self.exe.streamed:
                 return grouped.products(bank, dtype, src, ldx, x_div, dst, rows, cols, pairs)
-            kernel, row_bytes = f"gemv_idx_{TYPES[dtype][1]}", dtype.nbytes(cols)
+            row_bytes, units = dtype.nbytes(cols), cols // 32
+            if int8:  # each distinct activation row quantized once (the node's gate and up share the tokens')
+                pq, pd, ps = grouped.quantized_rows(src, ldx, pairs // x_div, cols)
 
             def launch(pw: int, e0: int, count: int, idx: int = pidx) -> None:
                 for s0, n_pairs in geometry.pair_chunks(pairs, k):
-                    dev.launch("gemv", kernel, geometry.gemv_pairs(rows, n_pairs), c_p(pw), c_ll(rows * row_bytes),
-                               c_ll(row_bytes), c_int(rows), c_int(cols), c_p(src + 4 * (s0 // x_div) * ldx),
-                               c_ll(ldx), c_int(x_div), c_p(idx + 4 * s0), c_int(e0), c_int(e0 + count),
-                               c_p(dst + 4 * s0 * rows), c_ll(rows), stream=stream)
+                    a0 = s0 // x_div
+                    rows_of = ((c_p(pq + a0 * cols), c_p(pd + 4 * a0 * units), c_p(ps + 4 * a0 * units)) if int8
+                               else (c_p(src + 4 * a0 * ldx), c_ll(ldx)))
+                    dev.launch("gemv", f"gemv{'q' if int8 else ''}_idx_{TYPES[dtype][1]}",
+                               geometry.gemv_pairs(rows, n_pairs), c_p(pw), c_ll(rows * row_bytes), c_ll(row_bytes),
+                               c_int(rows), c_int(cols), *rows_of, c_int(x_div), c_p(idx + 4 * s0), c_int(e0),
+                               c_int(e0 + count), c_p(dst + 4 * s0 * rows), c_ll(rows), stream=stream)
             if bank in self.exe.streamed:
                 self.gathered_experts(info, bank, rows * row_bytes, pairs, launch)
             else:
@@ -907,7 +943,8 @@ class _GroupedExperts:
         self.quantized: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}
         self.lists: tuple[int, int] | None = None
 
-    def _quantized(self, src: int, ldx: int, m: int, k: int) -> tuple[int, int, int]:
+    def quantized_rows(self, src: int, ldx: int, m: int, k: int) -> tuple[int, int, int]:
+        """(q, d, s): the m rows of k values at ``src`` (ldx apart) quantized by quant_act, once per node."""
         key = (src, ldx, m, k)
         if key not in self.quantized:
             units = k // 32
@@ -933,7 +970,7 @@ class _GroupedExperts:
                  pairs: int) -> None:
         """out[s] = W_e x[s / x_div] for every pair s (e its expert), as the per-pair GEMV computes it, with the
         int8 GEMM on each expert's rows."""
-        pq, pd, ps = self._quantized(src, ldx, pairs // x_div, cols)
+        pq, pd, ps = self.quantized_rows(src, ldx, pairs // x_div, cols)
         order, counts = self._lists(pairs)
         row_bytes, tokens = dtype.nbytes(cols), pairs // self.top_k
         kernel, dev, stream = f"mmq_idx_{TYPES[dtype][1]}", self.b.dev, self.b.exe.stream

@@ -1,4 +1,4 @@
-"""Bandwidth probes of a CUDA device: the GEMV kernel per weight type, and a device-to-device copy to compare with.
+"""Bandwidth probes of a CUDA device: the GEMV kernels per weight type, and a device-to-device copy to compare with.
 
 A decode step is a chain of GEMVs that each read their whole weight once, so a GEMV's weight bytes per second bound
 tokens per second; :func:`copy_bandwidth` measures what the device moves on ``cuMemcpyDtoD`` in the same run (bytes
@@ -53,18 +53,31 @@ def copy_bandwidth(dev: CudaDevice, nbytes: int, reps: int = 20) -> float:
     return 2 * nbytes / s / 1e9
 
 
-def gemv_bandwidth(dev: CudaDevice, dtype: DType, n: int, k: int, reps: int = 20, m: int = 1) -> float:
-    """GB/s of weight bytes the GEMV kernel of ``dtype`` reads on an [n, k] weight against ``m`` activation rows."""
+def gemv_bandwidth(dev: CudaDevice, dtype: DType, n: int, k: int, reps: int = 20, m: int = 1,
+                   int8: bool = False) -> float:
+    """GB/s of weight bytes the GEMV kernel of ``dtype`` reads on an [n, k] weight against ``m`` activation rows:
+    the float form (gemv_), or with ``int8`` the int8 form the lowering runs on the block types (quant_act +
+    gemvq_, both timed: a decode step launches both)."""
     raw = random_weight(dtype, n, k)
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     w, xb, y = dev.upload(raw), dev.upload(x), dev.alloc(m * n * 4)
+    q, d, sc = (dev.alloc(m * k), dev.alloc(4 * m * (k // 32)), dev.alloc(4 * m * (k // 32))) if int8 else (xb,) * 3
     c = ctypes
-    args = (w, c.c_longlong(dtype.nbytes(k)), c.c_int(n), c.c_int(k), xb, c.c_longlong(k), y, c.c_longlong(n))
-    kernel, at = f"gemv_{TYPES[dtype][1]}_m{m}", geometry.gemv(n)
+    suffix, at = TYPES[dtype][1], geometry.gemv(n)
+
+    def run() -> None:
+        if int8:
+            dev.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), xb, c.c_longlong(k), c.c_int(m),
+                       c.c_int(k), q, d, sc)
+            dev.launch("gemv", f"gemvq_{suffix}_m{m}", at, w, c.c_longlong(dtype.nbytes(k)), c.c_int(n), c.c_int(k),
+                       q, d, sc, y, c.c_longlong(n))
+        else:
+            dev.launch("gemv", f"gemv_{suffix}_m{m}", at, w, c.c_longlong(dtype.nbytes(k)), c.c_int(n), c.c_int(k),
+                       xb, c.c_longlong(k), y, c.c_longlong(n))
     try:
-        s = _timed(dev, lambda: dev.launch("gemv", kernel, at, *args), reps)
+        s = _timed(dev, run, reps)
     finally:
-        for b in (w, xb, y):
+        for b in {id(b): b for b in (w, xb, y, q, d, sc)}.values():
             dev.free(b)
     return raw.nbytes / s / 1e9
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,56 @@ def resources(name: str, arch: str) -> dict[str, Resources]:
     return out
 
 
+@dataclass(frozen=True)
+class UnitCost:
+    """What one thread of a kernel executes between its first two barriers, counted in its SASS: for the GEMVs the
+    work of one 32-value unit per lane once the step is staged (decode, products, sums — straight-line code), so
+    ``shared_loads`` is what the unit costs the SM's shared-memory pipe (a cycle an instruction, whatever its width)
+    and ``instructions`` what it costs the schedulers. A static count, not a timing: the cost model where there is
+    no GPU to time on."""
+
+    instructions: int
+    shared_loads: int
+
+
+def nvdisasm() -> str:
+    """The path of NVIDIA's disassembler: the nvidia-cuda-nvdisasm wheel's (the ``cuda-tools`` development group),
+    else one on PATH; BackendError when there is none (it is a development tool, no user needs it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for found in sorted(Path(root).glob("cu*/bin/nvdisasm")):
+            return str(found)
+    found_on_path = shutil.which("nvdisasm")
+    if found_on_path is None:
+        raise BackendError("[cuda] no nvdisasm: pip install nvidia-cuda-nvdisasm (the cuda-tools group)")
+    return found_on_path
+
+
+_SASS_FUNCTION = re.compile(r"//-+ \.text\.(\w+)\s+-+")
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+
+
+def unit_costs(name: str, arch: str) -> dict[str, UnitCost]:
+    """:class:`UnitCost` of each kernel of module ``name`` with at least two barriers, compiled for ``arch``."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / f"{name}.cubin"
+        cubin.write_bytes(_compile(MODULES[name], arch)[0])
+        text = subprocess.run([nvdisasm(), "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+    parts = _SASS_FUNCTION.split(text)
+    out = {}
+    for kernel, body in zip(parts[1::2], parts[2::2], strict=True):
+        ops = [m.group(1) for m in _SASS_OP.finditer(body)]
+        bars = [i for i, op in enumerate(ops) if op == "BAR"]
+        if len(bars) >= 2:
+            stretch = ops[bars[0] + 1:bars[1]]
+            out[kernel] = UnitCost(len(stretch), sum(op == "LDS" for op in stretch))
+    return out
+
+
 def _compile(module: Module, arch: str, verbose: bool = False) -> tuple[bytes, str]:
     """The CUBIN, and with ``verbose`` ptxas' report of every kernel (the program log)."""
     nvrtc = _nvrtc()
@@ -156,5 +207,5 @@ def _check(nvrtc: Any, err: Any, what: str) -> None:
         raise BackendError(f"[cuda] {what} failed: {err}")
 
 
-__all__ = ["ARCHS", "BASE_OPTIONS", "EXTRA", "Compiled", "Resources", "cache_dir", "cache_key", "compile_module",
-           "nvrtc_version", "resources", "write_atomic"]
+__all__ = ["ARCHS", "BASE_OPTIONS", "EXTRA", "Compiled", "Resources", "UnitCost", "cache_dir", "cache_key",
+           "compile_module", "nvdisasm", "nvrtc_version", "resources", "unit_costs", "write_atomic"]

@@ -213,6 +213,18 @@ def _gemv(dtype: DType, m: int, mem: HostMemory, at: Launch, v: Values) -> None:
     _store(mem, y, F32, _offsets(m * rows, rows, ldy), out.reshape(-1))
 
 
+def _gemvq(dtype: DType, m: int, mem: HostMemory, at: Launch, v: Values) -> None:
+    """y[i, row] = the int8 product of activation row i (quant_act's blocks) with W[row], as :func:`_mmq` sums it
+    (rows ``< grid.x * block.y``): the unit pairs are mmq's, only their order of addition differs."""
+    w, row_bytes, n, k, qa, da, sa, y, ldy = v
+    _need_block(at, f"gemvq_{TYPES[dtype][1]}_m{m}", WARP, GEMV_WARPS)
+    rows = max(0, min(n, at.grid[0] * at.block[1]))
+    if rows == 0:
+        return
+    out = _int8_product(dtype, mem, w, row_bytes, rows, k, qa, da, sa, np.arange(m))
+    _store(mem, y, F32, _offsets(m * rows, rows, ldy), out.reshape(-1))
+
+
 def _quant_act(mem: HostMemory, at: Launch, v: Values) -> None:
     """Blocks i < grid.x * block.x of x [m, k] (rows ldx apart): q [m, k] (rows k apart), d and s [m, k / 32]."""
     x, ldx, m, k, q, d, s = v
@@ -444,6 +456,23 @@ def _gemv_idx(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
         _store(mem, y + 4 * s * ldy, F32, np.arange(rows), out)
 
 
+def _gemvq_idx(dtype: DType, mem: HostMemory, at: Launch, v: Values) -> None:
+    """:func:`_gemv_idx` on int8 activations: pair s reads quant_act's row s / x_div (k apart in qa, k / 32 in da
+    and sa), summed as :func:`_mmq` sums a pair."""
+    bank, expert_bytes, row_bytes, n, k, qa, da, sa, x_div, idx, e0, e1, y, ldy = v
+    _need_block(at, f"gemvq_idx_{TYPES[dtype][1]}", WARP, GEMV_WARPS)
+    rows = max(0, min(n, at.grid[0] * at.block[1]))
+    if rows == 0:
+        return
+    experts = mem.array(idx, np.int32, at.grid[1])
+    for s in range(at.grid[1]):
+        e = int(experts[s])
+        if e0 <= e < e1:
+            out = _int8_product(dtype, mem, bank + (e - e0) * expert_bytes, row_bytes, rows, k, qa, da, sa,
+                                np.array([s // x_div]))
+            _store(mem, y + 4 * s * ldy, F32, np.arange(rows), out.reshape(-1))
+
+
 def _rope(mem: HostMemory, at: Launch, v: Values) -> None:
     """Pairs t < grid.x * block.x rotated in place by the angle (double) pos[row] * (double) inv_freq[i], its sine
     and cosine rounded to float32 and scaled by ``attn`` (yarn's magnitude; the CPU's rope_angles)."""
@@ -622,6 +651,9 @@ def _table() -> dict[str, Reference]:
         table[f"gemv_idx_{suffix}"] = partial(_gemv_idx, dtype)
     for dtype in MMQ_TYPES:
         table[f"mmq_{TYPES[dtype][1]}"] = partial(_mmq, dtype)
+        for m in GEMV_ROWS:
+            table[f"gemvq_{TYPES[dtype][1]}_m{m}"] = partial(_gemvq, dtype, m)
+        table[f"gemvq_idx_{TYPES[dtype][1]}"] = partial(_gemvq_idx, dtype)
         table[f"mmq_idx_{TYPES[dtype][1]}"] = partial(_mmq_idx, dtype)
     from uaii.backends.cuda import reference_ew, reference_packed  # they use this module's memory helpers
 

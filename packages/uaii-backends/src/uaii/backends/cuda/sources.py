@@ -35,7 +35,8 @@ TYPES: dict[DType, tuple[int, str, int, int]] = {
 """The weight encodings the CUDA kernels decode in registers (GEMV, dequantize, embedding rows)."""
 
 MMQ_TYPES = (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
-"""The block types the int8 prefill GEMM (mmq.cu) reads in their integer form (decode.cuh: uk_unit_int)."""
+"""The block types the int8 kernels (mmq.cu's prefill GEMM, gemv.cu's gemvq_ decode GEMV) read in their integer form
+(decode.cuh: uk_unit_int)."""
 
 PACKED_MODES = {"affine_f32": 0, "affine_f16": 1, "affine_bf16": 2, "mxfp4": 3, "nvfp4": 4, "mxfp8": 5, "nbits": 6,
                 "nbits_float_zp": 7}
@@ -43,7 +44,8 @@ PACKED_MODES = {"affine_f32": 0, "affine_f16": 1, "affine_bf16": 2, "mxfp4": 3, 
 type its values round to), MLX's fp modes, ONNX's MatMulNBits with packed (or default) and with float zero points."""
 
 GEMV_ROWS = (1, 2, 4, 8)
-"""Activation rows a GEMV kernel is instantiated for (gemv_<type>_m<M>); more rows run as several launches."""
+"""Activation rows a GEMV kernel is instantiated for (gemv_<type>_m<M>, gemvq_<type>_m<M>); more rows run as several
+launches."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,11 @@ class Module:
 
 
 MODULES: dict[str, Module] = {
-    "gemv": Module("gemv", (), tuple(name for t in TYPES.values()
-                                     for name in (*(f"gemv_{t[1]}_m{m}" for m in GEMV_ROWS), f"gemv_idx_{t[1]}"))),
+    "gemv": Module("gemv", (), (*(name for t in TYPES.values()
+                                  for name in (*(f"gemv_{t[1]}_m{m}" for m in GEMV_ROWS), f"gemv_idx_{t[1]}")),
+                                *(name for t in MMQ_TYPES
+                                  for name in (*(f"gemvq_{TYPES[t][1]}_m{m}" for m in GEMV_ROWS),
+                                               f"gemvq_idx_{TYPES[t][1]}")))),
     # bit for bit as uaii.kernels.dequantize: no contraction of d * q + m into one fma
     "dequant": Module("dequant", ("--fmad=false",),
                       tuple(f"{kind}_{t[1]}" for t in TYPES.values() for kind in ("dequant", "rows"))),
@@ -82,8 +87,9 @@ MODULES: dict[str, Module] = {
 
 _FAMILIES = {
     # kernel (or prefix + "_"): its parameters' C kinds — p a pointer, i int, l long long, f float
-    "gemv_": "pliiplpl", "gemv_idx_": "plliiplipiipl", "dequant_": "plp", "rows_": "pllpiplpi", "mmq_": "pliipppipl",
-    "mmq_idx_": "plliipppippipl", "moe_group": "piiipp",
+    "gemv_": "pliiplpl", "gemv_idx_": "plliiplipiipl", "gemvq_": "pliippppl", "gemvq_idx_": "plliipppipiipl",
+    "dequant_": "plp",
+    "rows_": "pllpiplpi", "mmq_": "pliipppipl", "mmq_idx_": "plliipppippipl", "moe_group": "piiipp",
     "quant_act": "pliippp",
     "pk_gemv": "piiiiiippplipl", "pk_gemv_idx": "piiiiiippplipiippl", "pk_rows": "piiiiipppiipipipi",
     "rms_norm": "pppifi", "add_rms_norm": "pppppifi", "swiglu": "pplilp", "geglu": "pplilpi", "add": "pppl",

@@ -36,12 +36,6 @@ typedef unsigned int uk_u32;
 #define UK_Q5_K 9
 #define UK_Q6_K 10
 
-UK_DEV uk_u32 uk_ld16(const uk_u8 *p) { return (uk_u32)p[0] | ((uk_u32)p[1] << 8); }
-
-UK_DEV uk_u32 uk_ld32(const uk_u8 *p) {
-    return (uk_u32)p[0] | ((uk_u32)p[1] << 8) | ((uk_u32)p[2] << 16) | ((uk_u32)p[3] << 24);
-}
-
 /* IEEE half -> float, exact for every input (subnormals, infinities, NaN payloads), by integer operations */
 UK_DEV float uk_h2f(uk_u32 h) {
     const uk_u32 e = (h >> 10) & 31u, m = h & 1023u, s = (h & 0x8000u) << 16;
@@ -135,73 +129,107 @@ UK_DEV void uk_scale_min_k4(int j, const uk_u8 *q, int *d, int *m) {
     }
 }
 
-/* --- block types: each unit as int8 q, a scale per 16-value half and a term ------------------------------------
+/* --- block types: each unit as int8 words, a scale per 16-value half and a term ---------------------------------
    The one decoder of every block type: value j of unit u is sc[j / 16] * q[j], then + mn (UK_MIN_ADD), - mn
    (UK_MIN_SUB: the k-quants' d1 * q - m1) or nothing (UK_MIN_NONE), the operations of the C reference in its order
-   (Q6_K's d * sc * q is (d * sc) * q). uk_unit decodes floats from it; the int8 GEMM (mmq.cu) reads it as it is
-   (uk_row_unit_int). Types with one scale per unit repeat it in sc[1]. */
+   (Q6_K's d * sc * q is (d * sc) * q). q[j] is byte j % 4 of word w[j / 4] (an int8): the form __dp4a reads, so the
+   int8 kernels (mmq.cu, gemv.cu's gemvq_) take the words as they are and uk_unit takes the bytes out.
+   Why words: a GPU kernel reads a unit from shared memory, where every load instruction costs a cycle of the SM's
+   shared-memory pipe whatever its width; 16-bit loads and shifts of whole words (the nibbles of four values at once,
+   each byte's offset subtracted with no borrow between bytes) take a quarter of the loads and instructions of a
+   byte at a time. Every block of every type starts at an even address (the block sizes are even, and so are the
+   rows' and the staged copies' offsets), so the 16-bit loads are aligned: the host builds (-fsanitize=alignment)
+   would fail a test on one that is not. */
 #define UK_MIN_NONE 0
 #define UK_MIN_ADD 1
 #define UK_MIN_SUB 2
-UK_DEV int uk_unit_int(int t, const uk_u8 *p, int u, uk_i8 *q, float *sc, float *mn) {
+
+/* the 32-bit little-endian word at an even address, as two aligned 16-bit loads */
+UK_DEV uk_u32 uk_ld32e(const uk_u8 *p) {
+    return (uk_u32)((const unsigned short *)p)[0] | ((uk_u32)((const unsigned short *)p)[1] << 16);
+}
+
+/* each byte of x (0 .. 127) minus the matching byte of c (at most 128), as int8 bytes: 128 added first, so no byte
+   borrows from the next */
+UK_DEV uk_u32 uk_sub_bytes(uk_u32 x, uk_u32 c) { return ((x | 0x80808080u) - c) ^ 0x80808080u; }
+
+/* bits 0 .. 3 of b to bit 4 of bytes 0 .. 3 (Q5_0 / Q5_1's fifth bits of four values) */
+UK_DEV uk_u32 uk_spread4(uk_u32 b) {
+    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+
+UK_DEV int uk_unit_int(int t, const uk_u8 *p, int u, uk_u32 *w, float *sc, float *mn) {
     int j;
     switch (t) {
     case UK_Q4_0: case UK_Q4_1: {
-        const int off = t == UK_Q4_0 ? 8 : 0, at = t == UK_Q4_0 ? 2 : 4;
-        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
-        *mn = t == UK_Q4_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
-        for (j = 0; j < 16; j++) {
-            q[j] = (uk_i8)((p[at + j] & 0x0f) - off);
-            q[j + 16] = (uk_i8)((p[at + j] >> 4) - off);
+        const int at = t == UK_Q4_0 ? 2 : 4;
+        sc[0] = sc[1] = uk_h2f(((const unsigned short *)p)[0]);
+        *mn = t == UK_Q4_1 ? uk_h2f(((const unsigned short *)p)[1]) : 0.0f;
+        for (j = 0; j < 4; j++) {  /* values 4j .. 4j + 3: low nibbles of bytes 4j ..; 16 + 4j ..: their high ones */
+            const uk_u32 x = uk_ld32e(p + at + 4 * j), lo = x & 0x0f0f0f0fu, hi = (x >> 4) & 0x0f0f0f0fu;
+            w[j] = t == UK_Q4_0 ? uk_sub_bytes(lo, 0x08080808u) : lo;
+            w[j + 4] = t == UK_Q4_0 ? uk_sub_bytes(hi, 0x08080808u) : hi;
         }
         return t == UK_Q4_1 ? UK_MIN_ADD : UK_MIN_NONE;
     }
     case UK_Q5_0: case UK_Q5_1: {
-        const int off = t == UK_Q5_0 ? 16 : 0, at = t == UK_Q5_0 ? 6 : 8;
-        const uk_u32 qh = uk_ld32(p + at - 4);
-        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
-        *mn = t == UK_Q5_1 ? uk_h2f(uk_ld16(p + 2)) : 0.0f;
-        for (j = 0; j < 16; j++) {
-            q[j] = (uk_i8)((int)((p[at + j] & 0x0f) | (((qh >> j) & 1u) << 4)) - off);
-            q[j + 16] = (uk_i8)((int)((p[at + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - off);
+        const int at = t == UK_Q5_0 ? 6 : 8;
+        const uk_u32 qh = uk_ld32e(p + at - 4);
+        sc[0] = sc[1] = uk_h2f(((const unsigned short *)p)[0]);
+        *mn = t == UK_Q5_1 ? uk_h2f(((const unsigned short *)p)[1]) : 0.0f;
+        for (j = 0; j < 4; j++) {  /* value i's fifth bit is bit i of qh */
+            const uk_u32 x = uk_ld32e(p + at + 4 * j);
+            const uk_u32 lo = (x & 0x0f0f0f0fu) | uk_spread4(qh >> (4 * j));
+            const uk_u32 hi = ((x >> 4) & 0x0f0f0f0fu) | uk_spread4(qh >> (4 * j + 16));
+            w[j] = t == UK_Q5_0 ? uk_sub_bytes(lo, 0x10101010u) : lo;
+            w[j + 4] = t == UK_Q5_0 ? uk_sub_bytes(hi, 0x10101010u) : hi;
         }
         return t == UK_Q5_1 ? UK_MIN_ADD : UK_MIN_NONE;
     }
     case UK_Q8_0:
-        sc[0] = sc[1] = uk_h2f(uk_ld16(p));
+        sc[0] = sc[1] = uk_h2f(((const unsigned short *)p)[0]);
         *mn = 0.0f;
-        for (j = 0; j < 32; j++) q[j] = (uk_i8)p[2 + j];
+        for (j = 0; j < 8; j++) w[j] = uk_ld32e(p + 2 + 4 * j);
         return UK_MIN_NONE;
     case UK_Q4_K: case UK_Q5_K: {
-        const float d = uk_h2f(uk_ld16(p)), dmin = uk_h2f(uk_ld16(p + 2));
+        const float d = uk_h2f(((const unsigned short *)p)[0]), dmin = uk_h2f(((const unsigned short *)p)[1]);
+        const int shift = 4 * (u % 2);  /* an even unit the low nibbles of its 32 bytes, an odd one the high */
         int s6, m6;
         uk_scale_min_k4(u, p + 4, &s6, &m6);
         sc[0] = sc[1] = d * (float)s6;
         *mn = dmin * (float)m6;
         if (t == UK_Q4_K) {
             const uk_u8 *qs = p + 16 + 32 * (u / 2);
-            for (j = 0; j < 32; j++) q[j] = (uk_i8)(u % 2 == 0 ? (qs[j] & 0x0f) : (qs[j] >> 4));
-        } else {
+            for (j = 0; j < 8; j++) w[j] = (uk_ld32e(qs + 4 * j) >> shift) & 0x0f0f0f0fu;
+        } else {  /* the fifth bit of value j: bit u of qh[j] */
             const uk_u8 *qh = p + 16, *ql = p + 48 + 32 * (u / 2);
-            for (j = 0; j < 32; j++)
-                q[j] = (uk_i8)((u % 2 == 0 ? (ql[j] & 0x0f) : (ql[j] >> 4)) | (((qh[j] >> u) & 1) << 4));
+            for (j = 0; j < 8; j++)
+                w[j] = ((uk_ld32e(ql + 4 * j) >> shift) & 0x0f0f0f0fu) |
+                       (((uk_ld32e(qh + 4 * j) >> u) & 0x01010101u) << 4);
         }
         return UK_MIN_SUB;
     }
     default: {                                                 /* UK_Q6_K */
-        const float d = uk_h2f(uk_ld16(p + 208));
+        const float d = uk_h2f(((const unsigned short *)(p + 208))[0]);
         const int half = u / 4, k = u % 4;
         const uk_u8 *ql = p + 64 * half + (k & 1) * 32, *qh = p + 128 + 32 * half;
         const uk_i8 *s8 = (const uk_i8 *)(p + 192) + 8 * half + 2 * k;
-        const int shift = 2 * k, hi = k >> 1;
+        const int shift = 2 * k, nib = 4 * (k >> 1);
         sc[0] = d * (float)s8[0];
         sc[1] = d * (float)s8[1];
         *mn = 0.0f;
-        for (j = 0; j < 32; j++)
-            q[j] = (uk_i8)(((hi ? (ql[j] >> 4) : (ql[j] & 0x0f)) | (((qh[j] >> shift) & 3) << 4)) - 32);
+        for (j = 0; j < 8; j++)
+            w[j] = uk_sub_bytes(((uk_ld32e(ql + 4 * j) >> nib) & 0x0f0f0f0fu) |
+                                (((uk_ld32e(qh + 4 * j) >> shift) & 0x03030303u) << 4), 0x20202020u);
         return UK_MIN_NONE;
     }
     }
+}
+
+/* the unit as the int8 products read it: value j is sc[j / 16] * q[j] + mn (uk_unit's values, a zero's sign
+   aside) */
+UK_DEV void uk_unit_dot_form(int t, const uk_u8 *p, int u, uk_u32 *w, float *sc, float *mn) {
+    if (uk_unit_int(t, p, u, w, sc, mn) == UK_MIN_SUB) *mn = -*mn;
 }
 
 /* values 32 u .. 32 u + 31 of the block at p (u < uk_block_units(t)) into y */
@@ -209,20 +237,20 @@ UK_DEV void uk_unit(int t, const uk_u8 *p, int u, float *y) {
     int j;
     switch (t) {
     case UK_F32:
-        for (j = 0; j < 32; j++) y[j] = UK_AS_FLOAT(uk_ld32(p + 4 * j));
+        for (j = 0; j < 32; j++) y[j] = UK_AS_FLOAT(uk_ld32e(p + 4 * j));
         break;
     case UK_F16:
-        for (j = 0; j < 32; j++) y[j] = uk_h2f(uk_ld16(p + 2 * j));
+        for (j = 0; j < 32; j++) y[j] = uk_h2f(((const unsigned short *)p)[j]);
         break;
     case UK_BF16:
-        for (j = 0; j < 32; j++) y[j] = uk_bf2f(uk_ld16(p + 2 * j));
+        for (j = 0; j < 32; j++) y[j] = uk_bf2f(((const unsigned short *)p)[j]);
         break;
     default: {
-        uk_i8 q[32];
+        uk_u32 q[8];
         float sc[2], mn;
         const int how = uk_unit_int(t, p, u, q, sc, &mn);
         for (j = 0; j < 32; j++) {
-            const float v = sc[j / 16] * (float)q[j];
+            const float v = sc[j / 16] * (float)(uk_i8)(q[j / 4] >> (8 * (j % 4)));
             y[j] = how == UK_MIN_ADD ? v + mn : how == UK_MIN_SUB ? v - mn : v;
         }
         break;
@@ -236,12 +264,10 @@ UK_DEV void uk_row_unit(int t, const uk_u8 *row, long long unit, float *y) {
     uk_unit(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), y);
 }
 
-/* unit `unit` of a weight row as the int8 GEMM reads it: value j is sc[j / 16] * q[j] + mn (uk_unit's values, a
-   zero's sign aside) */
-UK_DEV void uk_row_unit_int(int t, const uk_u8 *row, long long unit, uk_i8 *q, float *sc, float *mn) {
+/* unit `unit` of a weight row as the int8 products read it (uk_unit_dot_form) */
+UK_DEV void uk_row_unit_int(int t, const uk_u8 *row, long long unit, uk_u32 *w, float *sc, float *mn) {
     const int per = uk_block_units(t);
-    const int how = uk_unit_int(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), q, sc, mn);
-    if (how == UK_MIN_SUB) *mn = -*mn;
+    uk_unit_dot_form(t, row + (unit / per) * uk_block_bytes(t), (int)(unit % per), w, sc, mn);
 }
 
 /* 32 activations as the CPU's integer path quantizes them (uk_q8a_ref): q = round-half-even(x * 127 / amax),

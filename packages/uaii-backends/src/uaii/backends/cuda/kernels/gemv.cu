@@ -5,11 +5,20 @@
  * values, decode.cuh). A step of 32 units is one contiguous stretch of the row: the warp copies it into shared
  * memory as aligned 4-byte words, consecutive lanes reading consecutive words (every load instruction one 128-byte
  * line), and each lane decodes its unit from there. Why not straight from global memory: a lane's unit is 18 to 64
- * bytes that the decoders read byte by byte, 32 lanes 18+ bytes apart — each of those byte loads touches five or
- * more lines, so the L1's line rate, not the memory, would bound the product at a fraction of the bandwidth. f32
+ * bytes that the decoders read in 16-bit words, 32 lanes 18+ bytes apart — each of those loads touches several
+ * lines, so the L1's line rate, not the memory, would bound the product at a fraction of the bandwidth. f32
  * rows (128 bytes a unit) would not fit the tile beside 8 activation rows and are read directly.
- * The activation rows come through decode.cuh's shared tile (uk_tile_rows); the partial sums meet in a shuffle tree.
- * M is a template parameter: the M sums of a unit share its decoded values. Names: gemv_<type>_m<M>. */
+ * The partial sums meet in a shuffle tree. M is a template parameter: the M sums of a unit share its decoded values.
+ *
+ * Two forms. gemv_<type>_m<M> (every type) decodes the unit to floats and multiplies the activation rows, which reach
+ * the lanes through decode.cuh's shared tile (uk_tile_rows): a float from shared memory per weight and activation row.
+ * gemvq_<type>_m<M> (the block types) multiplies the unit's int8 words (decode.cuh's dot form) with the activation
+ * rows quantized to int8 blocks (mmq.cu's quant_act, launched first: the CPU's integer path quantizes the same way)
+ * by __dp4a, a unit pair's sum uk_unit_dot as the int8 GEMM's — 8 words of shared memory per unit and row instead of
+ * 32 floats. Why both: a decode GEMV must read weights at the memory's rate, and on a GPU whose memory outruns its
+ * shared-memory pipe (an H200: 4.8 TB/s against 132 SMs x 128 bytes a cycle) the float form's activation loads
+ * alone take that pipe's every cycle at Q4's 0.56 bytes a weight; the int8 form takes a quarter of it. The lowering
+ * runs gemvq_ on the block types; bench/bench_gpu.py measures both. */
 #include "decode.cuh"
 
 #define UK_GEMV_WARPS 4  /* geometry.GEMV_WARPS: the block is (32, UK_GEMV_WARPS) */
@@ -45,6 +54,49 @@ __device__ __forceinline__ int gemv_stage(const uk_u8 *__restrict__ row, long lo
     return lead;
 }
 
+/* The weight row of this thread's warp (one warp a row; rows past n are not live but reach every barrier), the
+   thread's place in the block, the row's units and its type's block shape. */
+struct uk_gemv_row {
+    int row, tid, nt, per, bb;
+    bool live;
+    const uk_u8 *w;
+    long long units;
+};
+
+__device__ __forceinline__ uk_gemv_row gemv_row(int t, const uk_u8 *w, long long row_bytes, int n, int k) {
+    uk_gemv_row r;
+    r.row = blockIdx.x * blockDim.y + threadIdx.y;
+    r.tid = threadIdx.y * blockDim.x + threadIdx.x;
+    r.nt = blockDim.x * blockDim.y;
+    r.live = r.row < n;
+    r.w = w + (long long)(r.live ? r.row : 0) * row_bytes;
+    r.units = k / 32;
+    r.per = uk_block_units(t);
+    r.bb = uk_block_bytes(t);
+    return r;
+}
+
+/* Units u0 .. u0 + step of the warp's row into its words (gemv_stage; where the first byte is, returned), nothing
+   for a row past n or a type read directly (TILE 0). A k-quant row has whole super-blocks: u0 and step are
+   multiples of per. */
+template <int TILE>
+__device__ __forceinline__ int gemv_stage_step(const uk_gemv_row &r, long long u0, int step, uk_u32 *words) {
+    if (TILE == 0 || !r.live) return 0;
+    return gemv_stage<(TILE / 4 + 1 + 31) / 32>(r.w, u0 / r.per * r.bb, (u0 + step) / r.per * r.bb, words);
+}
+
+/* The warp's M partial sums of its row added in a shuffle tree, lane 0 storing them. */
+template <int M>
+__device__ __forceinline__ void gemv_store(const float *acc, int row, float *__restrict__ y, long long ldy) {
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float v = acc[m];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+        if (threadIdx.x == 0) y[m * ldy + row] = v;
+    }
+}
+
 /* Every thread of the block reaches every barrier (rows past n compute nothing). */
 template <int T, int M>
 __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long row_bytes, int n, int k,
@@ -53,28 +105,22 @@ __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long
     constexpr int TILE = gemv_tile_bytes<T>();
     __shared__ float xs[M][UK_TILE_FLOATS];
     __shared__ uk_u32 ws[UK_GEMV_WARPS][TILE > 0 ? TILE / 4 + 2 : 1];
-    const int row = blockIdx.x * blockDim.y + threadIdx.y;
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
-    const bool live = row < n;
-    const uk_u8 *wr = w + (long long)(live ? row : 0) * row_bytes;
-    const long long units = k / 32;
-    const int per = uk_block_units(T), bb = uk_block_bytes(T);
+    const uk_gemv_row r = gemv_row(T, w, row_bytes, n, k);
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.0f;
     float q[32];
-    for (long long u0 = 0; u0 < units; u0 += UK_TILE_UNITS) {
-        const int step = units - u0 < UK_TILE_UNITS ? (int)(units - u0) : UK_TILE_UNITS;
-        uk_tile_rows(&xs[0][0], x, ldx, M, u0, 32 * step, tid, nt);
-        int lead = 0;
-        if (TILE > 0 && live)  /* a k-quant row has whole super-blocks: u0 and step are multiples of per */
-            lead = gemv_stage<(TILE / 4 + 1 + 31) / 32>(wr, u0 / per * bb, (u0 + step) / per * bb, ws[threadIdx.y]);
+    for (long long u0 = 0; u0 < r.units; u0 += UK_TILE_UNITS) {
+        const int step = r.units - u0 < UK_TILE_UNITS ? (int)(r.units - u0) : UK_TILE_UNITS;
+        uk_tile_rows(&xs[0][0], x, ldx, M, u0, 32 * step, r.tid, r.nt);
+        const int lead = gemv_stage_step<TILE>(r, u0, step, ws[threadIdx.y]);
         __syncthreads();
-        if (live && threadIdx.x < step) {
+        if (r.live && threadIdx.x < step) {
             if (TILE > 0)
-                uk_unit(T, (const uk_u8 *)ws[threadIdx.y] + lead + threadIdx.x / per * bb, threadIdx.x % per, q);
+                uk_unit(T, (const uk_u8 *)ws[threadIdx.y] + lead + threadIdx.x / r.per * r.bb, threadIdx.x % r.per,
+                        q);
             else
-                uk_row_unit(T, wr, u0 + threadIdx.x, q);
+                uk_row_unit(T, r.w, u0 + threadIdx.x, q);
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 const float *xm = xs[m] + threadIdx.x * UK_TILE_PAD;
@@ -86,14 +132,58 @@ __device__ __forceinline__ void gemv_rows(const uk_u8 *__restrict__ w, long long
         }
         __syncthreads();
     }
-    if (!live) return;
+    if (r.live) gemv_store<M>(acc, r.row, y, ldy);
+}
+
+/* gemv_rows with int8 activations (the file's head): qa the rows' int8 values (k apart), da and sa their blocks'
+   d and s (k / 32 apart). The activation blocks of a step are staged UK_GEMVQ_WORDS words apart, so the 32 lanes
+   reading word j of their units hit 32 different banks. */
+#define UK_GEMVQ_WORDS 9
+template <int T, int M>
+__device__ __forceinline__ void gemvq_rows(const uk_u8 *__restrict__ w, long long row_bytes, int n, int k,
+                                           const uk_i8 *__restrict__ qa, const float *__restrict__ da,
+                                           const float *__restrict__ sa, float *__restrict__ y, long long ldy) {
+    constexpr int TILE = gemv_tile_bytes<T>();
+    __shared__ int aq[M][UK_TILE_UNITS][UK_GEMVQ_WORDS];
+    __shared__ float ads[M][UK_TILE_UNITS][2];
+    __shared__ uk_u32 ws[UK_GEMV_WARPS][TILE / 4 + 2];
+    const uk_gemv_row r = gemv_row(T, w, row_bytes, n, k);
+    float acc[M];
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        float v = acc[m];
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    for (long long u0 = 0; u0 < r.units; u0 += UK_TILE_UNITS) {
+        const int step = r.units - u0 < UK_TILE_UNITS ? (int)(r.units - u0) : UK_TILE_UNITS;
+        for (int v = r.tid; v < M * step * 8; v += r.nt) {  /* consecutive threads, consecutive words of a row */
+            const int a = v / (step * 8), at = v % (step * 8);
+            aq[a][at / 8][at % 8] = ((const int *)(qa + a * (long long)k + 32 * u0))[at];
+        }
+        for (int v = r.tid; v < M * step; v += r.nt) {
+            const int a = v / step, at = v % step;
+            ads[a][at][0] = da[a * r.units + u0 + at];
+            ads[a][at][1] = sa[a * r.units + u0 + at];
+        }
+        const int lead = gemv_stage_step<TILE>(r, u0, step, ws[threadIdx.y]);
+        __syncthreads();
+        if (r.live && threadIdx.x < step) {
+            uk_u32 q[8];
+            float sc[2], mn;
+            uk_unit_dot_form(T, (const uk_u8 *)ws[threadIdx.y] + lead + threadIdx.x / r.per * r.bb, threadIdx.x % r.per,
+                             q, sc, &mn);
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
-        if (threadIdx.x == 0) y[m * ldy + row] = v;
+            for (int m = 0; m < M; m++) {
+                const int *a = aq[m][threadIdx.x];
+                int lo = 0, hi = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    lo = __dp4a((int)q[j], a[j], lo);
+                    hi = __dp4a((int)q[j + 4], a[j + 4], hi);
+                }
+                acc[m] += uk_unit_dot(lo, hi, sc, mn, ads[m][threadIdx.x][0], ads[m][threadIdx.x][1]);
+            }
+        }
+        __syncthreads();
     }
+    if (r.live) gemv_store<M>(acc, r.row, y, ldy);
 }
 
 /* y[s, row] = x[s / x_div] . W_e[row] for each (token, slot) pair s = blockIdx.y, e = idx[s] - e0 — the experts a
@@ -127,14 +217,35 @@ __device__ __forceinline__ void gemv_idx_rows(const uk_u8 *__restrict__ bank, lo
 #define UK_GEMV_ALL(name, T) UK_GEMV(name, T, 1) UK_GEMV(name, T, 2) UK_GEMV(name, T, 4) UK_GEMV(name, T, 8) \
     UK_GEMV_IDX(name, T)
 
+#define UK_GEMVQ(name, T, M)                                                                                    \
+    extern "C" __global__ void gemvq_##name##_m##M(const uk_u8 *w, long long row_bytes, int n, int k,           \
+                                                   const uk_i8 *qa, const float *da, const float *sa, float *y, \
+                                                   long long ldy) {                                             \
+        gemvq_rows<T, M>(w, row_bytes, n, k, qa, da, sa, y, ldy);                                               \
+    }
+/* gemv_idx_ on int8 activations: pair s reads quant_act's row s / x_div of qa (k apart; da and sa k / 32 apart) */
+#define UK_GEMVQ_IDX(name, T)                                                                                   \
+    extern "C" __global__ void gemvq_idx_##name(const uk_u8 *bank, long long expert_bytes, long long row_bytes, \
+                                                int n, int k, const uk_i8 *qa, const float *da, const float *sa,  \
+                                                int x_div, const int *idx, int e0, int e1, float *y,              \
+                                                long long ldy) {                                                  \
+        const long long s = blockIdx.y, a = s / x_div;                                                           \
+        const int e = idx[s];                                                                                     \
+        if (e < e0 || e >= e1) return;                                                                            \
+        gemvq_rows<T, 1>(bank + (long long)(e - e0) * expert_bytes, row_bytes, n, k, qa + a * k,                 \
+                         da + a * (k / 32), sa + a * (k / 32), y + s * ldy, ldy);                                 \
+    }
+#define UK_GEMV_BLOCKS(name, T) UK_GEMV_ALL(name, T) UK_GEMVQ(name, T, 1) UK_GEMVQ(name, T, 2) UK_GEMVQ(name, T, 4) \
+    UK_GEMVQ(name, T, 8) UK_GEMVQ_IDX(name, T)
+
 UK_GEMV_ALL(f32, UK_F32)
 UK_GEMV_ALL(f16, UK_F16)
 UK_GEMV_ALL(bf16, UK_BF16)
-UK_GEMV_ALL(q4_0, UK_Q4_0)
-UK_GEMV_ALL(q4_1, UK_Q4_1)
-UK_GEMV_ALL(q5_0, UK_Q5_0)
-UK_GEMV_ALL(q5_1, UK_Q5_1)
-UK_GEMV_ALL(q8_0, UK_Q8_0)
-UK_GEMV_ALL(q4_k, UK_Q4_K)
-UK_GEMV_ALL(q5_k, UK_Q5_K)
-UK_GEMV_ALL(q6_k, UK_Q6_K)
+UK_GEMV_BLOCKS(q4_0, UK_Q4_0)
+UK_GEMV_BLOCKS(q4_1, UK_Q4_1)
+UK_GEMV_BLOCKS(q5_0, UK_Q5_0)
+UK_GEMV_BLOCKS(q5_1, UK_Q5_1)
+UK_GEMV_BLOCKS(q8_0, UK_Q8_0)
+UK_GEMV_BLOCKS(q4_k, UK_Q4_K)
+UK_GEMV_BLOCKS(q5_k, UK_Q5_K)
+UK_GEMV_BLOCKS(q6_k, UK_Q6_K)

@@ -54,17 +54,15 @@ __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long 
                4 consecutive units, so each load instruction reads 8 stretches of a row, not 32 rows apart */
             const int r = tid / MMQ_UNITS, v = tid % MMQ_UNITS;
             const long long u = u0 + v;
-            uk_i8 q[32];
+            uk_u32 q[8];
             float sc[2], mn = 0.0f;
             if (n0 + r < n && u < units) {
                 uk_row_unit_int(T, w + (long long)(n0 + r) * row_bytes, u, q, sc, &mn);
             } else {
-                for (int j = 0; j < 32; j++) q[j] = 0;
+                for (int j = 0; j < 8; j++) q[j] = 0u;
                 sc[0] = sc[1] = 0.0f;
             }
-            for (int j = 0; j < 8; j++)
-                wq[v][r][j] = (int)((uk_u32)(uk_u8)q[4 * j] | ((uk_u32)(uk_u8)q[4 * j + 1] << 8) |
-                                    ((uk_u32)(uk_u8)q[4 * j + 2] << 16) | ((uk_u32)(uk_u8)q[4 * j + 3] << 24));
+            for (int j = 0; j < 8; j++) wq[v][r][j] = (int)q[j];
             wsc[v][r][0] = sc[0];
             wsc[v][r][1] = sc[1];
             wsc[v][r][2] = mn;
