@@ -361,7 +361,8 @@ def test_the_type_table_agrees_with_the_ir() -> None:
                                                     ("UK_BLOCK", "ops", "NORM_BLOCK"),
                                                     ("UK_ATTN_BLOCK", "attention", "ATTN_SOFTMAX"),
                                                     ("UK_ATTN_KEYS", "attention", "ATTN_KEYS"),
-                                                    ("MMQ_TILE", "mmq", "MMQ_TILE"), ("MMQ_SIDE", "mmq", "MMQ_SIDE")])
+                                                    ("MMQ_TILE", "mmq", "MMQ_TILE"), ("MMQ_SIDE", "mmq", "MMQ_SIDE"),
+                                                    ("UK_FLASH_VALUES", "attention", "FLASH_VALUES")])
 def test_the_launch_geometry_is_the_sources(define: str, module: str, constant: str) -> None:
     """A block size the kernels assume (their shared arrays are sized by it) and the one geometry launches with
     are the same number: a larger block would write past a shared array."""
@@ -456,6 +457,10 @@ def test_attention_sums_stretches_of_keys_when_there_are_few_heads(rows: int, hq
     assert at.splits <= -(-s_max // geometry.ATTN_STRETCH) and pairs * (at.splits - 1) < geometry.ATTN_BLOCKS
     assert at.partial_bytes == (4 * rows * hq * at.splits * 64 if at.splits > 1 else 0)
     assert (at.splits > 1) == (pairs < geometry.ATTN_BLOCKS and s_max > geometry.ATTN_STRETCH)
+    # the fused form: attn_wsum's blocks and stretches, a thread per key; its combine a thread per output value
+    assert at.flash.grid == at.wsum.grid and at.flash.block == (geometry.ATTN_KEYS, 1, 1)
+    assert at.flash_sum.grid == (-(-64 // geometry.ATTN_KEYS), hq, rows)
+    assert at.flash_bytes == 4 * rows * hq * at.splits * (64 + 2)
 
 
 # ---------------------------------------------------------------------------------------------- on a device

@@ -482,9 +482,11 @@ def test_rope_in_place_with_partial_rotary_dims(neox: int, dev: HostDevice, rng:
 def _attend(dev: HostDevice, q: np.ndarray, caches: list[tuple[np.ndarray, np.ndarray]], k_pos: list[np.ndarray],
             q_pos: list[int], used: list[int], *, scale: float, window: int = 0, n_sink: int = 0,
             softcap: float = 0.0, sinks: np.ndarray | None = None, mask: Mask | None = None) -> np.ndarray:
-    """The executor's three launches over rows of [hq, d] queries, row i reading caches[i] (the same arrays may
-    serve several rows: uploaded once), per-row device tables of pointers, flags, lengths and positions; with a
-    ``mask`` (its values, additive or not, per-row offsets, head and key strides) attn_mask between the first two."""
+    """The executor's launches over rows of [hq, d] queries, row i reading caches[i] (the same arrays may serve
+    several rows: uploaded once), per-row device tables of pointers, flags, lengths and positions: attn_scores,
+    attn_softmax, attn_wsum (+ attn_wsum_sum) — with a ``mask`` (its values, additive or not, per-row offsets, head
+    and key strides) attn_mask between the first two. Without one also the fused form (attn_flash +
+    attn_flash_sum), which must agree with them; its output is returned."""
     rows, hq, d = q.shape
     hkv, dv = caches[0][0].shape[1], caches[0][1].shape[2]
     uploaded: dict[int, DeviceBuffer] = {}
@@ -517,7 +519,18 @@ def _attend(dev: HostDevice, q: np.ndarray, caches: list[tuple[np.ndarray, np.nd
                Int(at.splits), partial)
     if at.splits > 1:
         dev.launch("attention", "attn_wsum_sum", at.wsum_sum, partial, Int(hq), Int(dv), Int(at.splits), out)
-    return dev.download(out, (rows, hq, dv), np.float32)
+    split = dev.download(out, (rows, hq, dv), np.float32)
+    if mask is not None:
+        return split
+    parts, fused = _filled(dev, at.flash_bytes // 4), _filled(dev, rows * hq * dv)
+    dev.launch("attention", "attn_flash", at.flash, dev.upload(q), kp, vp, flags, du, dqp, posp, Int(hq), Int(hkv),
+               Int(d), Int(dv), Flt(scale), Flt(softcap), Int(window), Int(n_sink), Long(s_max), Int(at.splits),
+               parts)
+    dev.launch("attention", "attn_flash_sum", at.flash_sum, parts, dev.upload(sinks) if sinks is not None else NULL,
+               Int(hq), Int(dv), Int(at.splits), fused)
+    got = dev.download(fused, (rows, hq, dv), np.float32)
+    np.testing.assert_allclose(got, split, rtol=1e-5, atol=1e-6)
+    return got
 
 
 def _cache(rng: np.random.Generator, s: int, hkv: int, d: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -105,7 +105,7 @@ def test_models_match_the_exact_cpu_path(model: str, kind: str, request: pytest.
     assert_close(got, cpu_exact(path, cpu_runs, prompt, len(got[0]), max_context=160))
     if kind != "cuda":
         assert "gemv_q4_1_m1" in dev.launches or model == "gemma3"
-        assert "attn_scores" in dev.launches and "kv_store" in dev.launches
+        assert "attn_flash" in dev.launches and "attn_scores" not in dev.launches and "kv_store" in dev.launches
         local = sum(1 for k in dev.launches if k in host_kernel_names())  # every thread-local launch was compiled
         assert dev.compiled_launches == (local if kind == "compiled" else 0) and local > len(dev.launches) // 5
 

@@ -63,10 +63,11 @@ class SessionOptions:
         stage in this process: a split checked on one machine).
     ray_address: the Ray cluster to join when this process is not connected to one (None: Ray's own default).
     stage_timeout_s: the longest a pipeline call may wait on a stage before the stage counts as lost.
-    gemm: how the CPU multiplies block-quantized weights: ``"fast"`` (int8 dot products over 8-bit quantized
-        activations, as llama.cpp; 16-bit activations for the output projection where the weight type has that
-        kernel, Q8_0 today; see docs/kernels.md for its accuracy) or ``"f32"`` (dequantized weights and
-        float32 dots: the exact result, slower). None: ``$UAII_CPU_GEMM``, else fast.
+    gemm: how the CPU (and the cuda backend) multiplies block-quantized weights: ``"fast"`` (int8 dot products
+        over 8-bit quantized activations, as llama.cpp; on the CPU 16-bit activations for the output projection
+        where the weight type has that kernel, Q8_0 today; see docs/kernels.md for its accuracy) or ``"f32"``
+        (dequantized weights and float32 dots: the exact result, slower). None: ``$UAII_CPU_GEMM`` on the CPU,
+        else fast.
     """
 
     device: str = "cpu"

@@ -28,6 +28,7 @@ ATTN_SOFTMAX = 256      # attention.cu's UK_ATTN_BLOCK
 ATTN_VALUES = 128       # attn_wsum's threads (a thread per output value, looping past 128); attn_wsum_sum's per block
 ATTN_BLOCKS = 256       # attn_wsum cuts the keys into stretches until rows x heads x stretches reaches this
 ATTN_STRETCH = 64       # ... but no stretch shorter than this many keys
+FLASH_VALUES = 2        # attention.cu's UK_FLASH_VALUES: attn_flash's output values a thread (dv <= ATTN_KEYS x this)
 MMQ_TILE = 64           # mmq.cu's MMQ_TILE: weight rows and activation rows per block
 MMQ_SIDE = 16           # mmq.cu's MMQ_SIDE: a block is MMQ_SIDE x MMQ_SIDE threads
 PACKED_ROWS = 8         # packed.cu's PK_M: activation rows per block of pk_gemv
@@ -67,7 +68,7 @@ def _blocks(items: int, per: int) -> int:
 
 
 def gemv(rows: int) -> Launch:
-    """gemv_<type>_m<M>: one warp per weight row, GEMV_WARPS rows per block."""
+    """gemv_<type>_m<M>, gemvq_<type>_m<M>: one warp per weight row, GEMV_WARPS rows per block."""
     return Launch((_blocks(rows, GEMV_WARPS), 1, 1), (WARP, GEMV_WARPS, 1))
 
 
@@ -85,7 +86,8 @@ def gemv_splits(m: int) -> list[tuple[int, int]]:
 
 
 def gemv_pairs(rows: int, pairs: int) -> Launch:
-    """gemv_idx_<type>, pk_gemv_idx: gemv's blocks over the weight rows (grid x), one (token, slot) pair per grid y."""
+    """gemv_idx_<type>, gemvq_idx_<type>, pk_gemv_idx: gemv's blocks over the weight rows (grid x), one (token, slot)
+    pair per grid y."""
     return Launch((_blocks(rows, GEMV_WARPS), pairs, 1), (WARP, GEMV_WARPS, 1))
 
 
@@ -116,7 +118,9 @@ class Attention(NamedTuple):
     """The launches of attention over ``rows`` sequences of ``hq`` query heads (in groups over ``hkv`` kv heads) and
     at most ``s_max`` keys: attn_scores and attn_wsum (up to ATTN_HEADS heads of a group per block row; attn_wsum
     over ``splits`` stretches of keys), attn_mask (a head per block row), attn_softmax, attn_wsum_sum adding the
-    stretches (only when ``splits`` > 1; their partial sums need ``partial_bytes`` of scratch)."""
+    stretches (only when ``splits`` > 1; their partial sums need ``partial_bytes`` of scratch); or the two of the
+    fused form: attn_flash over the same blocks and stretches as attn_wsum (ATTN_KEYS threads), attn_flash_sum
+    combining the stretches as attn_wsum_sum adds them (``flash_bytes`` of scratch: dv + 2 values per stretch)."""
 
     scores: Launch
     mask: Launch
@@ -125,6 +129,9 @@ class Attention(NamedTuple):
     wsum_sum: Launch
     splits: int
     partial_bytes: int
+    flash: Launch
+    flash_sum: Launch
+    flash_bytes: int
 
 
 def attention(rows: int, hq: int, hkv: int, s_max: int, dv: int) -> Attention:
@@ -143,7 +150,10 @@ def attention(rows: int, hq: int, hkv: int, s_max: int, dv: int) -> Attention:
                      Launch((hq, rows, 1), (ATTN_SOFTMAX, 1, 1)),
                      Launch((splits, groups, rows), (ATTN_VALUES, 1, 1)),
                      Launch((_blocks(dv, ATTN_VALUES), hq, rows), (ATTN_VALUES, 1, 1)),
-                     splits, 4 * rows * hq * splits * dv if splits > 1 else 0)
+                     splits, 4 * rows * hq * splits * dv if splits > 1 else 0,
+                     Launch((splits, groups, rows), (ATTN_KEYS, 1, 1)),
+                     Launch((_blocks(dv, ATTN_KEYS), hq, rows), (ATTN_KEYS, 1, 1)),
+                     4 * rows * hq * splits * (dv + 2))
 
 
 def mmq(n: int, m: int) -> Launch:

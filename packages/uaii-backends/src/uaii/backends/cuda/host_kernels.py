@@ -44,8 +44,8 @@ from uaii.backends.cuda.sources import HEADERS, MODULES, source
 HOST_MODULES = ("ops", "attention", "moe", "dequant", "mmq", "ew", "packed")
 """Modules whose one-thread-per-item kernels are built for the host."""
 THREAD_LOCAL = ("swiglu", "geglu", "add", "bcast", "unary", "copy_rows", "rope", "attn_mask",
-                "attn_wsum", "attn_wsum_sum", "kv_store", "moe_route", "moe_group", "moe_combine", "quant_act",
-                "pk_rows", *MODULES["ew"].kernels)
+                "attn_wsum", "attn_wsum_sum", "attn_flash_sum", "kv_store", "moe_route", "moe_group", "moe_combine",
+                "quant_act", "pk_rows", *MODULES["ew"].kernels)
 """Kernels whose threads never communicate (plus every dequant_/rows_): a sequential run over the grid is exact."""
 
 _BUILTINS = r"""
@@ -104,7 +104,8 @@ static inline float __shfl_down_sync(unsigned, float v, int) { return v; }  /* n
 
 
 THREADED_MODULES = ("gemv", "ops", "attention", "mmq", "packed")
-THREADED = ("rms_norm", "add_rms_norm", "layer_norm", "attn_scores", "attn_softmax", "pk_gemv", "pk_gemv_idx")
+THREADED = ("rms_norm", "add_rms_norm", "layer_norm", "attn_scores", "attn_softmax", "attn_flash", "pk_gemv",
+            "pk_gemv_idx")
 """Kernels whose threads meet in shuffles or barriers (plus every gemv_, gemv_idx_, gemvq_ and mmq_): the threaded
 build."""
 

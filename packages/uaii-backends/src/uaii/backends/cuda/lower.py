@@ -78,8 +78,8 @@ AttentionLaunches = list[tuple[str, geometry.Launch, tuple[Any, ...]]]
 
 @dataclass
 class AttentionPlan:
-    """One attention node's launches at one context size: rows per chunk, the scores' and the whole scratch's
-    bytes, and the launches made for the scratch at ``scores``."""
+    """One attention node's launches at one context size: rows per chunk, the scores' bytes (0: the fused form,
+    which keeps none) and the whole scratch's, and the launches made for the scratch at ``scores``."""
 
     chunk: int
     scores_bytes: int
@@ -410,21 +410,27 @@ class Binder:
                           s_max: int, mask: AttentionMask | None = None,
                           plans: dict[int, AttentionPlan] | None = None) -> None:
         """The attention kernels over ``rows`` query rows whose per-row tables are at ``tables`` (laid out as
-        :func:`table_layout` with ``at_t``; keys and values of table column ``layer``), in chunks of rows whose
-        scores fit SCORES_BYTES (and the grid's y/z limit); with the node's ``mask`` applied to the scores between
-        the first two (attn_mask); the weighted sums over stretches of keys when a chunk has few (row, head) pairs
-        (geometry.attention); queued on the compute stream now (called by a step, or at bind time). The launches
-        depend on ``s_max`` and the scratch's address only: a step passes ``plans`` to keep them by ``s_max``, so
-        that a run that is not a graph replay recomputes nothing but the scratch's address."""
+        :func:`table_layout` with ``at_t``; keys and values of table column ``layer``): without a ``mask`` and for
+        dv <= ATTN_KEYS x FLASH_VALUES the fused form (attn_flash + attn_flash_sum, chunks of rows within the grid's
+        y/z limit); else in chunks of rows whose scores fit SCORES_BYTES (and that limit), with the node's ``mask``
+        applied to the scores between the first two (attn_mask); either over stretches of keys when a chunk has few
+        (row, head) pairs (geometry.attention); queued on the compute stream now (called by a step, or at bind
+        time). The launches depend on ``s_max`` and the scratch's address only: a step passes ``plans`` to keep
+        them by ``s_max``, so that a run that is not a graph replay recomputes nothing but the scratch's address."""
         plan = plans.get(s_max) if plans is not None else None
         if plan is None:
             hq = int(self.types[info.node.inputs[0]].shape[-2])
             hkv, dv = int(self.types[info.node.inputs[1]].shape[-2]), int(self.types[info.node.inputs[2]].shape[-1])
-            chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max), geometry.MAX_GRID_YZ))
-            partial = max(geometry.attention(c, hq, hkv, s_max, dv).partial_bytes
-                          for c in {chunk, rows % chunk or chunk})
-            scores_bytes = -(-4 * chunk * hq * s_max // 256) * 256
-            plan = AttentionPlan(chunk, scores_bytes, scores_bytes + partial)  # partial sums after the scores
+            if mask is None and dv <= geometry.ATTN_KEYS * geometry.FLASH_VALUES:  # the fused form: no scores
+                chunk = max(1, min(rows, geometry.MAX_GRID_YZ))
+                plan = AttentionPlan(chunk, 0, max(geometry.attention(c, hq, hkv, s_max, dv).flash_bytes
+                                                   for c in {chunk, rows % chunk or chunk}))
+            else:
+                chunk = max(1, min(rows, SCORES_BYTES // (4 * hq * s_max), geometry.MAX_GRID_YZ))
+                partial = max(geometry.attention(c, hq, hkv, s_max, dv).partial_bytes
+                              for c in {chunk, rows % chunk or chunk})
+                scores_bytes = -(-4 * chunk * hq * s_max // 256) * 256
+                plan = AttentionPlan(chunk, scores_bytes, scores_bytes + partial)  # partial sums after the scores
         scores = self.exe.scores(plan.scratch_bytes)
         if plan.scores != scores:  # first run, or the scratch moved
             plan.launches = self._attention_launches(info, rows, tables, at_t, layer, s_max, mask, plan.chunk,
@@ -456,6 +462,15 @@ class Binder:
             kcp, vcp = tables + at_t["k"] + 8 * (layer * rows + r0), tables + at_t["v"] + 8 * (layer * rows + r0)
             f16, used = tables + at_t["f16"] + 4 * r0, tables + at_t["used"] + 8 * r0
             qpos, kpos = tables + at_t["qpos"] + 4 * r0, tables + at_t["kpos"] + 8 * r0
+            y = py + 4 * r0 * hq * dv
+            if scores_bytes == 0:  # the fused form (the plan keeps no scores): the scratch holds the stretches
+                out.append(("attn_flash", at.flash, (c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(vcp), c_p(f16),
+                                                     c_p(used), c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d),
+                                                     c_int(dv), c_f(scale), c_f(softcap), c_int(window),
+                                                     c_int(sinks), c_ll(s_max), c_int(at.splits), c_p(scores))))
+                out.append(("attn_flash_sum", at.flash_sum, (c_p(scores), c_p(0), c_int(hq), c_int(dv),
+                                                             c_int(at.splits), c_p(y))))
+                continue
             out.append(("attn_scores", at.scores, (c_p(pq + 4 * r0 * hq * d), c_p(kcp), c_p(f16), c_p(used),
                                                    c_p(qpos), c_p(kpos), c_int(hq), c_int(hkv), c_int(d),
                                                    c_f(scale), c_f(softcap), c_int(window), c_int(sinks),
@@ -465,7 +480,6 @@ class Binder:
                                                    c_p(mask.rows + 8 * r0), c_ll(mask.h_stride),
                                                    c_ll(mask.key_stride), c_int(hq), c_ll(s_max))))
             out.append(("attn_softmax", at.softmax, (c_p(scores), c_p(used), c_p(0), c_int(hq), c_ll(s_max))))
-            y = py + 4 * r0 * hq * dv
             out.append(("attn_wsum", at.wsum, (c_p(scores), c_p(vcp), c_p(f16), c_p(used), c_int(hq), c_int(hkv),
                                                c_int(dv), c_ll(s_max), c_int(at.splits),
                                                c_p(scores + scores_bytes if at.splits > 1 else y))))

@@ -33,6 +33,7 @@ from uaii.backends.cuda.geometry import (
     ATTN_KEYS,
     ATTN_SOFTMAX,
     ATTN_VALUES,
+    FLASH_VALUES,
     GEMV_WARPS,
     MMQ_SIDE,
     MMQ_TILE,
@@ -616,6 +617,65 @@ def _attn_wsum_sum(mem: HostMemory, at: Launch, v: Values) -> None:
             _store(mem, out, F32, (row * hq + h) * dv + np.arange(width), acc)
 
 
+def _visible_keys(mem: HostMemory, k_pos: int, q_pos: int, row: int, t0: int, t1: int, window: int,
+                  n_sink: int) -> np.ndarray:
+    """The keys t0 <= t < t1 of ``row`` its query sees (attention.cu's visible), ascending."""
+    if t1 <= t0:
+        return np.zeros(0, np.int64)
+    kp = _load(mem, _at(mem, k_pos, np.uint64, row), np.int32, np.arange(t0, t1)).astype(np.int64)
+    qp = _at(mem, q_pos, np.int32, row)
+    return t0 + np.flatnonzero((kp >= 0) & (kp <= qp) & ~((window > 0) & (qp - kp >= window) & (kp >= n_sink)))
+
+
+def _attn_flash(mem: HostMemory, at: Launch, v: Values) -> None:
+    """For stretch j < grid.x of the keys (ceil(s_max / splits) each, as attn_wsum's), the heads the block rows
+    cover, rows < grid.z: over the visible keys t of the stretch, with l_t the capped logit (attn_scores'), m =
+    max l_t (-inf: none), l = sum exp(l_t - m), acc[e] = sum exp(l_t - m) v[t, e] — in float64, written to
+    partial[row, h, j] = (acc[0 .. dv), m, l)."""
+    (q, k_cache, v_cache, kv_f16, used, q_pos, k_pos, hq, hkv, d, dv, scale, softcap, window, n_sink, s_max, splits,
+     partial) = v
+    _need_block(at, "attn_flash", ATTN_KEYS)
+    if splits <= 0 or dv > ATTN_KEYS * FLASH_VALUES:
+        raise BackendError(f"[cuda-host] attn_flash over {splits} stretches, {dv} values a head: the kernel divides "
+                           f"by zero or leaves values past {ATTN_KEYS * FLASH_VALUES} unwritten")
+    heads = _group_heads(at, hq, hkv)
+    chunk = -(-s_max // splits)
+    for row in range(at.grid[2]):
+        s = max(_at(mem, used, np.int64, row), 0)
+        for j in range(at.grid[0]):
+            keys = _visible_keys(mem, k_pos, q_pos, row, j * chunk, min(j * chunk + chunk, s), window, n_sink)
+            for h in heads:
+                acc, m, total = np.zeros(max(dv, 0)), -math.inf, 0.0
+                if keys.size:
+                    qv = _load(mem, q, F32, (row * hq + h) * d + np.arange(d)).astype(F64)
+                    lk = (_cache_rows(mem, k_cache, kv_f16, row, keys, h, hq, hkv, d) @ qv) * scale
+                    lk = softcap * np.tanh(lk / softcap) if softcap > 0 else lk
+                    m = float(lk.max())
+                    e = np.exp(lk - m)
+                    total, acc = float(e.sum()), e @ _cache_rows(mem, v_cache, kv_f16, row, keys, h, hq, hkv, dv)
+                _store(mem, partial, F32, ((row * hq + h) * splits + j) * (dv + 2) + np.arange(dv + 2),
+                       np.concatenate([acc, [m, total]]))
+
+
+def _attn_flash_sum(mem: HostMemory, at: Launch, v: Values) -> None:
+    """out[row, h, e] for e < grid.x * block.x: the stretches' partials combined under their common maximum M (with
+    the head's sink logit): sum_j acc_j exp(m_j - M) / (sum_j l_j exp(m_j - M) + exp(sink - M)); zeros when that
+    is 0."""
+    partial, sinks, hq, dv, splits, out = v
+    width = _items(at, dv)
+    for row in range(at.grid[2]):
+        for h in range(at.grid[1]):
+            parts = _load(mem, partial, F32, ((row * hq + h) * splits * (dv + 2) + np.arange(splits * (dv + 2))))
+            parts = parts.reshape(splits, dv + 2).astype(F64)
+            sink = float(_at(mem, sinks, F32, h)) if sinks else -math.inf
+            top = max(sink, float(parts[:, dv].max(initial=-math.inf)))
+            value, total = np.zeros(width), 0.0
+            if top != -math.inf:
+                w = np.where(parts[:, dv] == -np.inf, 0.0, np.exp(parts[:, dv] - top))
+                value, total = w @ parts[:, :width], float(w @ parts[:, dv + 1]) + math.exp(sink - top)
+            _store(mem, out, F32, (row * hq + h) * dv + np.arange(width), value / total if total > 0 else value * 0)
+
+
 def _kv_store(mem: HostMemory, at: Launch, v: Values) -> None:
     """Row r of x (ldx apart) into its table entry's cache at slot used[r] - seq_rows + r % seq_rows (f16 rounded to
     nearest even where its flag says), ``width`` values per row; the grid's threads cover the first items only."""
@@ -641,7 +701,8 @@ def _table() -> dict[str, Reference]:
         "bcast": _bcast, "unary": _unary, "copy_rows": _copy_rows, "layer_norm": _layer_norm,
         "moe_route": _moe_route, "moe_group": _moe_group, "moe_combine": _moe_combine, "rope": _rope,
         "attn_scores": _attn_scores, "attn_mask": _attn_mask, "attn_softmax": _attn_softmax, "attn_wsum": _attn_wsum,
-        "attn_wsum_sum": _attn_wsum_sum, "kv_store": _kv_store,
+        "attn_wsum_sum": _attn_wsum_sum, "attn_flash": _attn_flash, "attn_flash_sum": _attn_flash_sum,
+        "kv_store": _kv_store,
     }
     for dtype, (_, suffix, _, _) in TYPES.items():
         table[f"dequant_{suffix}"] = partial(_dequant, dtype)

@@ -166,9 +166,9 @@ def add_runtime_options(ap: argparse.ArgumentParser) -> None:
     # uaii.backends.config.GEMM_MODES, spelled out: importing uaii.backends here would load the native kernels to
     # build the parser of every command (`uaii --help` and `uaii presets` then fail where the kernels cannot load)
     g.add_argument("--gemm", choices=("fast", "f32"), default=None,
-                   help="CPU matrix products of quantized weights: fast (8-bit activations, as llama.cpp; 16-bit for "
-                        "the output projection where the weight type has that kernel) or f32 (exact, slower); "
-                        "default: $UAII_CPU_GEMM, else fast")
+                   help="matrix products of quantized weights on the cpu and cuda devices: fast (8-bit activations, "
+                        "as llama.cpp; on the cpu 16-bit for the output projection where the weight type has that "
+                        "kernel) or f32 (exact, slower); default: fast ($UAII_CPU_GEMM on the cpu)")
     add_pipeline_options(ap)
 
 
