@@ -155,6 +155,10 @@ static inline float uk_bits_float(unsigned int b) { float f; memcpy(&f, &b, 4); 
 #define UK_AS_FLOAT(b) uk_bits_float((unsigned int)(b))
 static inline unsigned int uk_float_bits(float f) { unsigned int b; memcpy(&b, &f, 4); return b; }
 #define UK_AS_BITS(f) uk_float_bits(f)
+static inline int __dp4a(int a, int b, int c) {  /* CUDA's: four signed byte products added to c */
+    for (int i = 0; i < 4; i++) c += (signed char)(a >> (8 * i)) * (signed char)(b >> (8 * i));
+    return c;
+}
 #include "decode.cuh"
 void uk_f2h_all(const float *x, long long n, unsigned short *h) {
     for (long long i = 0; i < n; i++) h[i] = uk_f2h(x[i]);

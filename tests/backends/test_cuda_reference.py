@@ -70,6 +70,20 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return bits
 
 
+def _quantized(dev: HostDevice, x: np.ndarray) -> tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]:
+    """quant_act over the rows of x [m, k] on ``dev``: the int8 values, d and s buffers."""
+    m, k = x.shape
+    nb = k // 32
+    dq, dd, ds = dev.alloc(m * k), dev.alloc(4 * m * nb), dev.alloc(4 * m * nb)
+    dev.launch("mmq", "quant_act", geometry.elementwise(m * nb), dev.upload(x), Long(k), Int(m), Int(k), dq, dd, ds)
+    return dq, dd, ds
+
+
+def _int8_rows(qa: np.ndarray, da: np.ndarray, m: int, k: int) -> np.ndarray:
+    """float64 [m, k]: the values the int8 blocks (qa, da) of m rows stand for."""
+    return (qa.reshape(m, k // 32, 32).astype(np.float64) * da.reshape(m, k // 32, 1)).reshape(m, k)
+
+
 def test_every_kernel_of_every_module_has_a_reference() -> None:
     for module in MODULES.values():
         for kernel in module.kernels:
@@ -118,10 +132,7 @@ def test_gemv_reads_rows_at_any_even_byte_offset(dtype: DType, dev: HostDevice, 
     pw = K.PackedWeight.from_raw(raw, dtype, (n, k))
     want = K.matmul(x, pw, provider="c-f32")
     dx = dev.upload(x)
-    nb = k // 32
-    dq, dd, ds = dev.alloc(k), dev.alloc(4 * nb), dev.alloc(4 * nb)
-    if dtype in MMQ_TYPES:
-        dev.launch("mmq", "quant_act", geometry.elementwise(nb), dx, Long(k), Int(1), Int(k), dq, dd, ds)
+    dq, dd, ds = _quantized(dev, x) if dtype in MMQ_TYPES else (NULL,) * 3
     for offset in (0, 2, 6):
         buf = np.zeros(offset + raw.nbytes, np.uint8)
         buf[offset:] = raw.reshape(-1).view(np.uint8)
@@ -154,9 +165,7 @@ def test_int8_gemv_against_the_exact_product_and_the_cpus_int8_gemm(dtype: DType
     dw = dev.upload(raw)
     for m in (1, 7, 8):
         x = rng.standard_normal((m, k)).astype(np.float32)
-        dx, dq, dd, ds = dev.upload(x), dev.alloc(m * k), dev.alloc(4 * m * nb), dev.alloc(4 * m * nb)
-        dy = _filled(dev, (m - 1) * ldy + n)
-        dev.launch("mmq", "quant_act", geometry.elementwise(m * nb), dx, Long(k), Int(m), Int(k), dq, dd, ds)
+        (dq, dd, ds), dy = _quantized(dev, x), _filled(dev, (m - 1) * ldy + n)
         for start, size in geometry.gemv_splits(m):
             dev.launch("gemv", f"gemvq_{TYPES[dtype][1]}_m{size}", geometry.gemv(n), dw, Long(dtype.nbytes(k)),
                        Int(n), Int(k), Ptr(dq.ptr + start * k), Ptr(dd.ptr + 4 * start * nb),
@@ -164,8 +173,7 @@ def test_int8_gemv_against_the_exact_product_and_the_cpus_int8_gemm(dtype: DType
         y = dev.download(dy, ((m - 1) * ldy + n,), np.float32)
         got = np.stack([y[i * ldy:i * ldy + n] for i in range(m)])
         assert all((y[i * ldy + n:(i + 1) * ldy] == SENTINEL).all() for i in range(m - 1))
-        qa, da, _ = K.quantize_activations(x)
-        xq = (qa.reshape(m, nb, 32).astype(np.float64) * da.reshape(m, nb, 1)).reshape(m, k)
+        xq = _int8_rows(*K.quantize_activations(x)[:2], m, k)
         exact = xq @ w.T
         assert np.all(np.abs(got - exact) <= 1e-5 * (np.abs(xq) @ np.abs(w).T) + 1e-30), m
         cpu = K.matmul(x, K.PackedWeight.from_raw(raw, dtype, (n, k)))
@@ -234,7 +242,7 @@ def test_int8_gemm_against_the_exact_product_and_the_cpus_int8_gemm(dtype: DType
     y = dev.download(dy, ((m - 1) * ldy + n,), np.float32)
     got = np.stack([y[c * ldy:c * ldy + n] for c in range(m)])
     w = K.dequantize(raw, dtype, n * k).reshape(n, k).astype(np.float64)
-    xq = (qa.reshape(m, nb, 32).astype(np.float64) * da.reshape(m, nb, 1)).reshape(m, k)
+    xq = _int8_rows(qa, da, m, k)
     exact = xq @ w.T
     assert np.all(np.abs(got - exact) <= 1e-5 * (np.abs(xq) @ np.abs(w).T) + 1e-30)
     cpu = K.matmul(x, K.PackedWeight.from_raw(raw, dtype, (n, k)))
@@ -441,16 +449,12 @@ def test_int8_expert_products(dtype: DType, x_div: int, dev: HostDevice, rng: np
     idx = np.array([[3, 0], [2, 3], [4, 2]], np.int32)  # top_k 2
     pairs = idx.size
     bank = np.concatenate([random_weight(dtype, rows, cols, seed=e) for e in range(experts)])
-    per, nb = dtype.nbytes(rows * cols), cols // 32
+    per = dtype.nbytes(rows * cols)
     dense = [K.dequantize(bank[e * per:(e + 1) * per], dtype, rows * cols).reshape(rows, cols).astype(np.float64)
              for e in range(experts)]
     x = rng.standard_normal((pairs // x_div, cols)).astype(np.float32)
-    m = x.shape[0]
-    dq, dd, ds = dev.alloc(m * cols), dev.alloc(4 * m * nb), dev.alloc(4 * m * nb)
-    dev.launch("mmq", "quant_act", geometry.elementwise(m * nb), dev.upload(x), Long(cols), Int(m), Int(cols), dq,
-               dd, ds)
-    qa, da, _ = K.quantize_activations(x)
-    xq = (qa.reshape(m, nb, 32).astype(np.float64) * da.reshape(m, nb, 1)).reshape(m, cols)
+    dq, dd, ds = _quantized(dev, x)
+    xq = _int8_rows(*K.quantize_activations(x)[:2], x.shape[0], cols)
     want = np.stack([dense[idx.reshape(-1)[s]] @ xq[s // x_div] for s in range(pairs)])
     bound = np.stack([np.abs(dense[idx.reshape(-1)[s]]) @ np.abs(xq[s // x_div]) for s in range(pairs)])
     at, didx = geometry.gemv_pairs(rows, pairs), dev.upload(idx)

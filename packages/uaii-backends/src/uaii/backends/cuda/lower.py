@@ -280,7 +280,7 @@ class Binder:
 
     def op_GroupedMatMul(self, info: NodeInfo) -> None:
         x, *ws = info.node.inputs
-        quantized: dict[tuple[int, int], tuple[int, int, int]] = {}  # x quantized once for the group's weights
+        quantized: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}  # x quantized once for the group
         for w, y in zip(ws, info.node.outputs, strict=True):
             self.matmul(x, w, y, bool(info.attrs.get("transpose_b", False)), quantized)
 
@@ -296,25 +296,24 @@ class Binder:
         ok = len(shape) == 2 and t.dtype in TYPES and (trans_b or not t.dtype.is_quantized) and shape[1] % 32 == 0
         return (shape[0], shape[1]) if ok else None
 
-    def quantized_rows(self, x: str, m: int, k: int,
-                       done: dict[tuple[int, int], tuple[int, int, int]] | None = None) -> tuple[int, int, int]:
-        """(q, d, s): the addresses of x's ``m`` rows quantized to int8 blocks (quant_act, the CPU's integer path's
-        quantizer) in the binding's shared scratch — launched here, or taken from ``done`` where the same rows were
-        quantized for an earlier weight of the node."""
-        key = (self.a(x), m)
-        if done is not None and key in done:
-            return done[key]
-        pq = self.shared("activations_i8", m * k + 8 * m * (k // 32) + 2 * geometry.ELEMENTWISE)
-        pd = pq + -(-m * k // 256) * 256
-        ps = pd + 4 * m * (k // 32)
-        self.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), c_p(self.a(x)), c_ll(k), c_int(m),
-                    c_int(k), c_p(pq), c_p(pd), c_p(ps))
-        if done is not None:
+    def quantized_rows(self, src: int, ldx: int, m: int, k: int, kind: str,
+                       done: dict[tuple[int, int, int, int], tuple[int, int, int]]) -> tuple[int, int, int]:
+        """(q, d, s): the addresses of the ``m`` rows of ``k`` values at ``src`` (``ldx`` apart) quantized to int8
+        blocks (quant_act, the CPU's integer path's quantizer) in the binding's shared scratch of ``kind`` —
+        launched here, or taken from ``done`` where a node quantized the same rows for an earlier product."""
+        key = (src, ldx, m, k)
+        if key not in done:
+            units = k // 32
+            q_bytes, s_bytes = -(-m * k // 256) * 256, -(-4 * m * units // 256) * 256
+            pq = self.shared(kind, q_bytes + 2 * s_bytes)
+            pd, ps = pq + q_bytes, pq + q_bytes + s_bytes
+            self.launch("mmq", "quant_act", geometry.elementwise(m * units), c_p(src), c_ll(ldx), c_int(m),
+                        c_int(k), c_p(pq), c_p(pd), c_p(ps))
             done[key] = (pq, pd, ps)
-        return pq, pd, ps
+        return done[key]
 
     def matmul(self, x: str, w: str, y: str, trans_b: bool,
-               quantized: dict[tuple[int, int], tuple[int, int, int]] | None = None) -> None:
+               quantized: dict[tuple[int, int, int, int], tuple[int, int, int]] | None = None) -> None:
         """y[m, :] = x[m, :] . W[n, :] for every row m; over each streamed piece, the piece's output columns. The
         block types multiply x's rows quantized to int8 blocks (as the CPU's integer path does): the int8 GEMM beyond
         8 rows, the int8 GEMV (gemvq_, launches of up to 8 rows) below; the float types, and every type with
@@ -340,7 +339,7 @@ class Binder:
         px, py, row_bytes, sfx = self.a(x), self.a(y), t.dtype.nbytes(k), TYPES[t.dtype][1]
         dev, stream = self.dev, self.exe.stream
         if t.dtype in MMQ_TYPES and self.exe.int8:
-            pq, pd, ps = self.quantized_rows(x, m, k, quantized)
+            pq, pd, ps = self.quantized_rows(px, k, m, k, "activations_i8", {} if quantized is None else quantized)
             if m > 8:
                 def gemm(pw: int, r0: int, rows: int) -> None:
                     dev.launch("mmq", f"mmq_{sfx}", geometry.mmq(rows, m), c_p(pw), c_ll(row_bytes), c_int(rows),
@@ -958,17 +957,9 @@ class _GroupedExperts:
         self.lists: tuple[int, int] | None = None
 
     def quantized_rows(self, src: int, ldx: int, m: int, k: int) -> tuple[int, int, int]:
-        """(q, d, s): the m rows of k values at ``src`` (ldx apart) quantized by quant_act, once per node."""
-        key = (src, ldx, m, k)
-        if key not in self.quantized:
-            units = k // 32
-            q_bytes, s_bytes = -(-m * k // 256) * 256, -(-4 * m * units // 256) * 256
-            pq = self.b.shared(f"moe_activations_i8_{len(self.quantized)}", q_bytes + 2 * s_bytes)
-            pd, ps = pq + q_bytes, pq + q_bytes + s_bytes
-            self.b.launch("mmq", "quant_act", geometry.elementwise(m * units), c_p(src), c_ll(ldx), c_int(m),
-                          c_int(k), c_p(pq), c_p(pd), c_p(ps))
-            self.quantized[key] = (pq, pd, ps)
-        return self.quantized[key]
+        """(q, d, s): the m rows of k values at ``src`` (ldx apart) quantized by quant_act once per node, each
+        distinct activation in a kind of shared scratch of its own (Binder.quantized_rows)."""
+        return self.b.quantized_rows(src, ldx, m, k, f"moe_activations_i8_{len(self.quantized)}", self.quantized)
 
     def _lists(self, pairs: int) -> tuple[int, int]:
         if self.lists is None:

@@ -61,25 +61,35 @@ def gemv_bandwidth(dev: CudaDevice, dtype: DType, n: int, k: int, reps: int = 20
     raw = random_weight(dtype, n, k)
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     w, xb, y = dev.upload(raw), dev.upload(x), dev.alloc(m * n * 4)
-    q, d, sc = (dev.alloc(m * k), dev.alloc(4 * m * (k // 32)), dev.alloc(4 * m * (k // 32))) if int8 else (xb,) * 3
+    quantized = _quantized_scratch(dev, m, k) if int8 else ()
     c = ctypes
     suffix, at = TYPES[dtype][1], geometry.gemv(n)
 
     def run() -> None:
         if int8:
-            dev.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), xb, c.c_longlong(k), c.c_int(m),
-                       c.c_int(k), q, d, sc)
+            _quant_act(dev, xb, m, k, *quantized)
             dev.launch("gemv", f"gemvq_{suffix}_m{m}", at, w, c.c_longlong(dtype.nbytes(k)), c.c_int(n), c.c_int(k),
-                       q, d, sc, y, c.c_longlong(n))
+                       *quantized, y, c.c_longlong(n))
         else:
             dev.launch("gemv", f"gemv_{suffix}_m{m}", at, w, c.c_longlong(dtype.nbytes(k)), c.c_int(n), c.c_int(k),
                        xb, c.c_longlong(k), y, c.c_longlong(n))
     try:
         s = _timed(dev, run, reps)
     finally:
-        for b in {id(b): b for b in (w, xb, y, q, d, sc)}.values():
+        for b in (w, xb, y, *quantized):
             dev.free(b)
     return raw.nbytes / s / 1e9
+
+
+def _quantized_scratch(dev: CudaDevice, m: int, k: int) -> tuple[Any, Any, Any]:
+    """Device buffers for quant_act's int8 values, d and s of m rows of k values."""
+    return dev.alloc(m * k), dev.alloc(4 * m * (k // 32)), dev.alloc(4 * m * (k // 32))
+
+
+def _quant_act(dev: CudaDevice, x: Any, m: int, k: int, q: Any, d: Any, s: Any) -> None:
+    """quant_act over the m rows of k floats at x (k apart) into q, d, s."""
+    dev.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), x, ctypes.c_longlong(k), ctypes.c_int(m),
+               ctypes.c_int(k), q, d, s)
 
 
 def h2d_bandwidth(dev: CudaDevice, nbytes: int, reps: int = 10) -> float:
@@ -101,13 +111,12 @@ def mmq_rate(dev: CudaDevice, dtype: DType, n: int, k: int, m: int, reps: int = 
     raw = random_weight(dtype, n, k)
     x = np.random.default_rng(2).standard_normal((m, k)).astype(np.float32)
     w, xb, y = dev.upload(raw), dev.upload(x), dev.alloc(4 * m * n)
-    q, d, sc = dev.alloc(m * k), dev.alloc(4 * m * (k // 32)), dev.alloc(4 * m * (k // 32))
+    q, d, sc = _quantized_scratch(dev, m, k)
     c = ctypes
     suffix = TYPES[dtype][1]
 
     def run() -> None:
-        dev.launch("mmq", "quant_act", geometry.elementwise(m * (k // 32)), xb, c.c_longlong(k), c.c_int(m),
-                   c.c_int(k), q, d, sc)
+        _quant_act(dev, xb, m, k, q, d, sc)
         dev.launch("mmq", f"mmq_{suffix}", geometry.mmq(n, m), w, c.c_longlong(dtype.nbytes(k)), c.c_int(n),
                    c.c_int(k), q, d, sc, c.c_int(m), y, c.c_longlong(n))
     try:

@@ -515,17 +515,31 @@ def _attn_scores(mem: HostMemory, at: Launch, v: Values) -> None:
         s = min(_at(mem, used, np.int64, row), at.grid[0] * at.block[0])
         if s <= 0:
             continue
-        kp = _load(mem, _at(mem, k_pos, np.uint64, row), np.int32, np.arange(s)).astype(np.int64)
-        qp = _at(mem, q_pos, np.int32, row)
-        keys = np.flatnonzero((kp >= 0) & (kp <= qp) & ~((window > 0) & (qp - kp >= window) & (kp >= n_sink)))
+        keys = _visible_keys(mem, k_pos, q_pos, row, 0, s, window, n_sink)
         for h in heads:
             logits = np.full(s, -np.inf)
             if keys.size:
-                qv = _load(mem, q, F32, (row * hq + h) * d + np.arange(d)).astype(F64)
-                kv = _cache_rows(mem, k_cache, kv_f16, row, keys, h, hq, hkv, d)
-                lk = (kv @ qv) * scale
-                logits[keys] = softcap * np.tanh(lk / softcap) if softcap > 0 else lk
+                logits[keys] = _logits(mem, q, k_cache, kv_f16, row, keys, h, hq, hkv, d, scale, softcap)
             _store(mem, scores, F32, (row * hq + h) * s_max + np.arange(s), logits)
+
+
+def _visible_keys(mem: HostMemory, k_pos: int, q_pos: int, row: int, t0: int, t1: int, window: int,
+                  n_sink: int) -> np.ndarray:
+    """The keys t0 <= t < t1 of ``row`` its query sees (attention.cu's visible: not an empty slot, not in the
+    future, in the window or a sink), ascending."""
+    if t1 <= t0:
+        return np.zeros(0, np.int64)
+    kp = _load(mem, _at(mem, k_pos, np.uint64, row), np.int32, np.arange(t0, t1)).astype(np.int64)
+    qp = _at(mem, q_pos, np.int32, row)
+    return t0 + np.flatnonzero((kp >= 0) & (kp <= qp) & ~((window > 0) & (qp - kp >= window) & (kp >= n_sink)))
+
+
+def _logits(mem: HostMemory, q: int, k_cache: int, kv_f16: int, row: int, keys: np.ndarray, h: int, hq: int,
+            hkv: int, d: int, scale: float, softcap: float) -> np.ndarray:
+    """float64 scale q . k of query head h of ``row`` with its ``keys``, soft-capped where softcap > 0."""
+    qv = _load(mem, q, F32, (row * hq + h) * d + np.arange(d)).astype(F64)
+    lk = (_cache_rows(mem, k_cache, kv_f16, row, keys, h, hq, hkv, d) @ qv) * scale
+    return softcap * np.tanh(lk / softcap) if softcap > 0 else lk
 
 
 def _attn_mask(mem: HostMemory, at: Launch, v: Values) -> None:
@@ -617,16 +631,6 @@ def _attn_wsum_sum(mem: HostMemory, at: Launch, v: Values) -> None:
             _store(mem, out, F32, (row * hq + h) * dv + np.arange(width), acc)
 
 
-def _visible_keys(mem: HostMemory, k_pos: int, q_pos: int, row: int, t0: int, t1: int, window: int,
-                  n_sink: int) -> np.ndarray:
-    """The keys t0 <= t < t1 of ``row`` its query sees (attention.cu's visible), ascending."""
-    if t1 <= t0:
-        return np.zeros(0, np.int64)
-    kp = _load(mem, _at(mem, k_pos, np.uint64, row), np.int32, np.arange(t0, t1)).astype(np.int64)
-    qp = _at(mem, q_pos, np.int32, row)
-    return t0 + np.flatnonzero((kp >= 0) & (kp <= qp) & ~((window > 0) & (qp - kp >= window) & (kp >= n_sink)))
-
-
 def _attn_flash(mem: HostMemory, at: Launch, v: Values) -> None:
     """For stretch j < grid.x of the keys (ceil(s_max / splits) each, as attn_wsum's), the heads the block rows
     cover, rows < grid.z: over the visible keys t of the stretch, with l_t the capped logit (attn_scores'), m =
@@ -647,9 +651,7 @@ def _attn_flash(mem: HostMemory, at: Launch, v: Values) -> None:
             for h in heads:
                 acc, m, total = np.zeros(max(dv, 0)), -math.inf, 0.0
                 if keys.size:
-                    qv = _load(mem, q, F32, (row * hq + h) * d + np.arange(d)).astype(F64)
-                    lk = (_cache_rows(mem, k_cache, kv_f16, row, keys, h, hq, hkv, d) @ qv) * scale
-                    lk = softcap * np.tanh(lk / softcap) if softcap > 0 else lk
+                    lk = _logits(mem, q, k_cache, kv_f16, row, keys, h, hq, hkv, d, scale, softcap)
                     m = float(lk.max())
                     e = np.exp(lk - m)
                     total, acc = float(e.sum()), e @ _cache_rows(mem, v_cache, kv_f16, row, keys, h, hq, hkv, dv)
@@ -673,7 +675,8 @@ def _attn_flash_sum(mem: HostMemory, at: Launch, v: Values) -> None:
             if top != -math.inf:
                 w = np.where(parts[:, dv] == -np.inf, 0.0, np.exp(parts[:, dv] - top))
                 value, total = w @ parts[:, :width], float(w @ parts[:, dv + 1]) + math.exp(sink - top)
-            _store(mem, out, F32, (row * hq + h) * dv + np.arange(width), value / total if total > 0 else value * 0)
+            _store(mem, out, F32, (row * hq + h) * dv + np.arange(width),
+                   value / total if total > 0 else np.zeros(width))
 
 
 def _kv_store(mem: HostMemory, at: Launch, v: Values) -> None:

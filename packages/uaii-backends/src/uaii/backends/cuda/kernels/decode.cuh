@@ -144,10 +144,10 @@ UK_DEV void uk_scale_min_k4(int j, const uk_u8 *q, int *d, int *m) {
 #define UK_MIN_ADD 1
 #define UK_MIN_SUB 2
 
-/* the 32-bit little-endian word at an even address, as two aligned 16-bit loads */
-UK_DEV uk_u32 uk_ld32e(const uk_u8 *p) {
-    return (uk_u32)((const unsigned short *)p)[0] | ((uk_u32)((const unsigned short *)p)[1] << 16);
-}
+/* the 16-bit little-endian word at an even address, and the 32-bit one as two aligned 16-bit loads */
+UK_DEV uk_u32 uk_ld16e(const uk_u8 *p) { return *(const unsigned short *)p; }
+
+UK_DEV uk_u32 uk_ld32e(const uk_u8 *p) { return uk_ld16e(p) | (uk_ld16e(p + 2) << 16); }
 
 /* each byte of x (0 .. 127) minus the matching byte of c (at most 128), as int8 bytes: 128 added first, so no byte
    borrows from the next */
@@ -163,8 +163,8 @@ UK_DEV int uk_unit_int(int t, const uk_u8 *p, int u, uk_u32 *w, float *sc, float
     switch (t) {
     case UK_Q4_0: case UK_Q4_1: {
         const int at = t == UK_Q4_0 ? 2 : 4;
-        sc[0] = sc[1] = uk_h2f(((const unsigned short *)p)[0]);
-        *mn = t == UK_Q4_1 ? uk_h2f(((const unsigned short *)p)[1]) : 0.0f;
+        sc[0] = sc[1] = uk_h2f(uk_ld16e(p));
+        *mn = t == UK_Q4_1 ? uk_h2f(uk_ld16e(p + 2)) : 0.0f;
         for (j = 0; j < 4; j++) {  /* values 4j .. 4j + 3: low nibbles of bytes 4j ..; 16 + 4j ..: their high ones */
             const uk_u32 x = uk_ld32e(p + at + 4 * j), lo = x & 0x0f0f0f0fu, hi = (x >> 4) & 0x0f0f0f0fu;
             w[j] = t == UK_Q4_0 ? uk_sub_bytes(lo, 0x08080808u) : lo;
@@ -175,8 +175,8 @@ UK_DEV int uk_unit_int(int t, const uk_u8 *p, int u, uk_u32 *w, float *sc, float
     case UK_Q5_0: case UK_Q5_1: {
         const int at = t == UK_Q5_0 ? 6 : 8;
         const uk_u32 qh = uk_ld32e(p + at - 4);
-        sc[0] = sc[1] = uk_h2f(((const unsigned short *)p)[0]);
-        *mn = t == UK_Q5_1 ? uk_h2f(((const unsigned short *)p)[1]) : 0.0f;
+        sc[0] = sc[1] = uk_h2f(uk_ld16e(p));
+        *mn = t == UK_Q5_1 ? uk_h2f(uk_ld16e(p + 2)) : 0.0f;
         for (j = 0; j < 4; j++) {  /* value i's fifth bit is bit i of qh */
             const uk_u32 x = uk_ld32e(p + at + 4 * j);
             const uk_u32 lo = (x & 0x0f0f0f0fu) | uk_spread4(qh >> (4 * j));
@@ -187,12 +187,12 @@ UK_DEV int uk_unit_int(int t, const uk_u8 *p, int u, uk_u32 *w, float *sc, float
         return t == UK_Q5_1 ? UK_MIN_ADD : UK_MIN_NONE;
     }
     case UK_Q8_0:
-        sc[0] = sc[1] = uk_h2f(((const unsigned short *)p)[0]);
+        sc[0] = sc[1] = uk_h2f(uk_ld16e(p));
         *mn = 0.0f;
         for (j = 0; j < 8; j++) w[j] = uk_ld32e(p + 2 + 4 * j);
         return UK_MIN_NONE;
     case UK_Q4_K: case UK_Q5_K: {
-        const float d = uk_h2f(((const unsigned short *)p)[0]), dmin = uk_h2f(((const unsigned short *)p)[1]);
+        const float d = uk_h2f(uk_ld16e(p)), dmin = uk_h2f(uk_ld16e(p + 2));
         const int shift = 4 * (u % 2);  /* an even unit the low nibbles of its 32 bytes, an odd one the high */
         int s6, m6;
         uk_scale_min_k4(u, p + 4, &s6, &m6);
@@ -210,7 +210,7 @@ UK_DEV int uk_unit_int(int t, const uk_u8 *p, int u, uk_u32 *w, float *sc, float
         return UK_MIN_SUB;
     }
     default: {                                                 /* UK_Q6_K */
-        const float d = uk_h2f(((const unsigned short *)(p + 208))[0]);
+        const float d = uk_h2f(uk_ld16e(p + 208));
         const int half = u / 4, k = u % 4;
         const uk_u8 *ql = p + 64 * half + (k & 1) * 32, *qh = p + 128 + 32 * half;
         const uk_i8 *s8 = (const uk_i8 *)(p + 192) + 8 * half + 2 * k;
@@ -240,10 +240,10 @@ UK_DEV void uk_unit(int t, const uk_u8 *p, int u, float *y) {
         for (j = 0; j < 32; j++) y[j] = UK_AS_FLOAT(uk_ld32e(p + 4 * j));
         break;
     case UK_F16:
-        for (j = 0; j < 32; j++) y[j] = uk_h2f(((const unsigned short *)p)[j]);
+        for (j = 0; j < 32; j++) y[j] = uk_h2f(uk_ld16e(p + 2 * j));
         break;
     case UK_BF16:
-        for (j = 0; j < 32; j++) y[j] = uk_bf2f(((const unsigned short *)p)[j]);
+        for (j = 0; j < 32; j++) y[j] = uk_bf2f(uk_ld16e(p + 2 * j));
         break;
     default: {
         uk_u32 q[8];
@@ -292,6 +292,17 @@ UK_DEV void uk_quant_act_block(const float *x, uk_i8 *q, float *d, float *s) {
    da * (sc0 * lo + sc1 * hi) + mn * sa (sa = da * sum(qa) stands for the sum of the activations) */
 UK_DEV float uk_unit_dot(int lo, int hi, const float *sc, float mn, float da, float sa) {
     return da * (sc[0] * (float)lo + sc[1] * (float)hi) + mn * sa;
+}
+
+/* uk_unit_dot of a weight unit's eight int8 words w (uk_unit_dot_form) and an activation block's eight words a: each
+   half's integer sum by four __dp4a (the int8 GEMM's and the int8 GEMV's one pair) */
+UK_DEV float uk_unit_pair(const int *w, const int *a, const float *sc, float mn, float da, float sa) {
+    int lo = 0, hi = 0, j;
+    for (j = 0; j < 4; j++) {
+        lo = __dp4a(w[j], a[j], lo);
+        hi = __dp4a(w[j + 4], a[j + 4], hi);
+    }
+    return uk_unit_dot(lo, hi, sc, mn, da, sa);
 }
 
 #endif

@@ -14,7 +14,7 @@
  * the lanes through decode.cuh's shared tile (uk_tile_rows): a float from shared memory per weight and activation row.
  * gemvq_<type>_m<M> (the block types) multiplies the unit's int8 words (decode.cuh's dot form) with the activation
  * rows quantized to int8 blocks (mmq.cu's quant_act, launched first: the CPU's integer path quantizes the same way)
- * by __dp4a, a unit pair's sum uk_unit_dot as the int8 GEMM's — 8 words of shared memory per unit and row instead of
+ * by __dp4a, a unit pair's sum uk_unit_pair as the int8 GEMM's — 8 words of shared memory per unit and row instead of
  * 32 floats. Why both: a decode GEMV must read weights at the memory's rate, and on a GPU whose memory outruns its
  * shared-memory pipe (an H200: 4.8 TB/s against 132 SMs x 128 bytes a cycle) the float form's activation loads
  * alone take that pipe's every cycle at Q4's 0.56 bytes a weight; the int8 form takes a quarter of it. The lowering
@@ -167,19 +167,12 @@ __device__ __forceinline__ void gemvq_rows(const uk_u8 *__restrict__ w, long lon
         if (r.live && threadIdx.x < step) {
             uk_u32 q[8];
             float sc[2], mn;
-            uk_unit_dot_form(T, (const uk_u8 *)ws[threadIdx.y] + lead + threadIdx.x / r.per * r.bb, threadIdx.x % r.per,
-                             q, sc, &mn);
+            uk_unit_dot_form(T, (const uk_u8 *)ws[threadIdx.y] + lead + threadIdx.x / r.per * r.bb,
+                             threadIdx.x % r.per, q, sc, &mn);
 #pragma unroll
-            for (int m = 0; m < M; m++) {
-                const int *a = aq[m][threadIdx.x];
-                int lo = 0, hi = 0;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    lo = __dp4a((int)q[j], a[j], lo);
-                    hi = __dp4a((int)q[j + 4], a[j + 4], hi);
-                }
-                acc[m] += uk_unit_dot(lo, hi, sc, mn, ads[m][threadIdx.x][0], ads[m][threadIdx.x][1]);
-            }
+            for (int m = 0; m < M; m++)
+                acc[m] += uk_unit_pair((const int *)q, aq[m][threadIdx.x], sc, mn, ads[m][threadIdx.x][0],
+                                       ads[m][threadIdx.x][1]);
         }
         __syncthreads();
     }

@@ -11,7 +11,7 @@
  * weight rows into their integer form (decode.cuh: uk_row_unit_int; one (row, unit) per thread) and copies the
  * matching activation blocks, both into shared memory as 32-bit words (a lane per (row, unit), the units of a row
  * on neighbouring lanes); thread (tx, ty) then owns weight rows
- * ty + 16 i and activation rows tx + 16 j (i, j < 4: 16 accumulators) and adds uk_unit_dot of every pair. Rows past
+ * ty + 16 i and activation rows tx + 16 j (i, j < 4: 16 accumulators) and adds uk_unit_pair of every pair. Rows past
  * n or m are loaded as zeros and never stored. mmq_idx_<type>: the same tiles over the rows each expert of a bank was
  * chosen for (a MoE prefill). */
 #include "decode.cuh"
@@ -88,13 +88,7 @@ __device__ __forceinline__ void mmq_tile(const uk_u8 *__restrict__ w, long long 
 #pragma unroll
                 for (int j = 0; j < MMQ_PER; j++) {
                     const int c = tx + MMQ_SIDE * j;
-                    int lo = 0, hi = 0;
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        lo = __dp4a(wq[v][r][q], aq[v][c][q], lo);
-                        hi = __dp4a(wq[v][r][q + 4], aq[v][c][q + 4], hi);
-                    }
-                    acc[i][j] += uk_unit_dot(lo, hi, sc, mn, ads[v][c][0], ads[v][c][1]);
+                    acc[i][j] += uk_unit_pair(wq[v][r], aq[v][c], sc, mn, ads[v][c][0], ads[v][c][1]);
                 }
             }
         }
